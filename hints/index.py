@@ -1,0 +1,285 @@
+"""HintIndex: build (add), query (lookup), persist (save/load) and describe (stats) a hint index.
+
+The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
+memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
+`chunk_tokens`: stage 1 hashes `workers` contiguous ranges at once into a reused,
+pre-faulted staging arena; stage 2 places one partition per worker. Because every
+partition is filled in stream order, the bytes do not depend on the chunking of `add`
+calls or on the worker count.
+"""
+import dataclasses
+import os
+import shutil
+
+import numba
+import numpy as np
+
+from . import kernels, store
+from .geometry import MAX_TOKEN, Geometry, _human
+from .kinds import kind_of
+
+STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
+STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
+MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
+
+
+@dataclasses.dataclass
+class Hints:
+    """Per position and length: hinted token (-1 none), n-gram count, purity, kind (-1 none)."""
+
+    token: np.ndarray   # int32  (n_lengths, n)
+    count: np.ndarray   # int32  (n_lengths, n)
+    purity: np.ndarray  # float32 (n_lengths, n)
+    kind: np.ndarray    # int16  (n_lengths, n)
+
+
+def as_tokens(tokens, name="tokens"):
+    """A 1-D uint16 view/copy of `tokens`, or a ValueError saying what was wrong."""
+    a = np.asarray(tokens)
+    if a.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of token ids, got shape {a.shape}")
+    if a.dtype == np.uint16:
+        return np.ascontiguousarray(a)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integer token ids (uint16), got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() > MAX_TOKEN):
+        raise ValueError(f"{name}: token ids must be in [0, {MAX_TOKEN}], found range [{a.min()}, {a.max()}]")
+    return a.astype(np.uint16)
+
+
+def _set_threads(workers):
+    n = max(1, min(int(workers), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+
+
+class HintIndex:
+    def __init__(self, geom, workers=1, path=None, chunk_tokens=None):
+        if isinstance(geom, str):
+            geom = Geometry.preset(geom)
+        if int(workers) < 1:
+            raise ValueError(f"workers={workers}: expected >= 1")
+        self.geom = geom
+        self.workers = int(workers)
+        self.path = path
+        self.readonly = False
+        self.tokens_added = 0
+        self.history = np.zeros(0, dtype=np.uint16)
+        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
+        self.chunk_tokens = int(chunk_tokens or max(
+            MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD)))
+        self._stage = None
+        self._init_constants()
+        if path is None:
+            geom.check_fits_memory()
+            self.fill = np.empty((geom.n_partitions, geom.n_buckets), dtype=np.uint16)
+            self.table = np.empty((geom.n_partitions, geom.n_buckets, geom.slots), dtype=np.uint64)
+            _set_threads(self.workers)
+            kernels.zero_fill(self.fill.reshape(-1))
+            kernels.zero_fill(self.table.reshape(-1))
+        else:
+            self._check_space(path)
+            store.create_file(path, geom)
+            self.fill, self.table = store.map_arrays(path, geom, "r+")
+
+    def _init_constants(self):
+        g = self.geom
+        self._lengths = np.array(g.lengths, dtype=np.int64)
+        self._pows = np.array([pow(int(kernels.HASH_MULT), L, 1 << 64) for L in g.lengths], dtype=np.uint64)
+        self._bits = np.array(g.checksum_bits, dtype=np.int64)
+        self._shifts = np.array(g.key_shifts, dtype=np.int64)
+
+    def _check_space(self, path):
+        d = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(d).free
+        if self.geom.nbytes > free:
+            raise MemoryError(f"hint index file {path}: geometry {self.geom.describe()} needs "
+                              f"{_human(self.geom.nbytes)}, but {d} has {_human(free)} free")
+        if os.path.realpath(d).startswith("/dev/shm"):
+            self.geom.check_fits_memory(what=f"shared-memory hint index {path}")
+
+    # ---- build ----------------------------------------------------------------------------
+    def _staging(self, n):
+        """Staging arena for sub-chunks of up to n tokens; allocated (and pre-faulted) once."""
+        if self._stage is not None and self._stage["capacity"] >= n:
+            return self._stage
+        g, w = self.geom, self.workers
+        per_range = -(-n // w)
+        blocks_per_range = -(-per_range // STAGE_BLOCK) + g.n_partitions + 1
+        n_blocks = w * blocks_per_range
+        max_len = int(self._lengths.max())
+        st = dict(
+            capacity=n,
+            blocks_per_range=blocks_per_range,
+            arena=np.empty((n_blocks, STAGE_BLOCK), dtype=np.uint64),
+            block_len=np.zeros(n_blocks, dtype=np.int64),
+            block_next=np.zeros(n_blocks, dtype=np.int64),
+            heads=np.zeros((w, g.n_partitions), dtype=np.int64),
+            tails=np.zeros((w, g.n_partitions), dtype=np.int64),
+            bursts=np.zeros((w, g.n_partitions, kernels.BURST), dtype=np.uint64),
+            burst_fills=np.zeros((w, g.n_partitions), dtype=np.uint8),
+            ext=np.empty(max_len + n, dtype=np.uint16),
+        )
+        kernels.zero_fill(st["arena"].reshape(-1))
+        self._stage = st
+        return st
+
+    def staging_bytes(self):
+        return 0 if self._stage is None else sum(v.nbytes for v in self._stage.values() if isinstance(v, np.ndarray))
+
+    def add(self, tokens):
+        """Append tokens to the stream and store one hint per new position."""
+        if self.readonly:
+            raise RuntimeError(f"hint index {self.path} is opened read-only (mmap); load it with mmap=False to add")
+        tokens = as_tokens(tokens)
+        if tokens.size == 0:
+            return self
+        _set_threads(self.workers)
+        max_len = int(self._lengths.max())
+        st = self._staging(min(tokens.size, self.chunk_tokens))
+        for c0 in range(0, tokens.size, self.chunk_tokens):
+            chunk = tokens[c0:c0 + self.chunk_tokens]
+            h = self.history.size
+            ext = st["ext"][:h + chunk.size]
+            ext[:h] = self.history
+            ext[h:] = chunk
+            kernels.stage1(ext, h, ext.size, self.workers, self._lengths, self._pows,
+                           self.geom.partition_bits, self._bits, self._shifts,
+                           st["arena"], st["block_len"], st["block_next"], st["heads"], st["tails"],
+                           st["blocks_per_range"], st["bursts"], st["burst_fills"])
+            kernels.stage2_place(st["arena"], st["block_len"], st["block_next"], st["heads"],
+                                 self.table, self.fill, self.geom.bucket_bits, int(self._shifts[0]), self._dropped)
+            self.history = ext[-min(ext.size, max_len):].copy()
+            self.tokens_added += chunk.size
+        return self
+
+    # ---- query ----------------------------------------------------------------------------
+    def lookup_counts(self, tokens):
+        """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n)."""
+        q = as_tokens(tokens)
+        K, n = self.geom.n_lengths, q.size
+        tok = np.empty((K, n), dtype=np.int32)
+        cnt = np.empty((K, n), dtype=np.int32)
+        top = np.empty((K, n), dtype=np.int32)
+        if n:
+            _set_threads(self.workers)
+            kernels.lookup(q, self.table, self.fill, self._lengths, self._pows, self.geom.partition_bits,
+                           self.geom.bucket_bits, self._bits, self._shifts, tok, cnt, top)
+        return tok, cnt, top
+
+    def lookup(self, tokens):
+        """Hints for every position t of a 1-D token array (n-gram tokens[t-L+1..t])."""
+        tok, cnt, top = self.lookup_counts(tokens)
+        return hints_from_counts(tok, cnt, top)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def data_checksum(self):
+        _set_threads(self.workers)
+        a = kernels.checksum64(np.asarray(self.table).reshape(-1))
+        b = kernels.checksum64(np.asarray(self.fill).reshape(-1).view(np.uint64))
+        return int((a * np.uint64(0x100000001B3)) ^ b)
+
+    def _header(self):
+        return store.pack_header(self.geom, self.tokens_added, self.hints_stored, self.dropped,
+                                 self.data_checksum(), self.history)
+
+    def save(self, path=None):
+        """Write the index to `path` (default: its own file backing). Returns the path."""
+        path = path or self.path
+        if path is None:
+            raise ValueError("save(): no path given and the index has no file backing")
+        if self.path is not None and os.path.abspath(path) == os.path.abspath(self.path):
+            self.fill.flush()
+            self.table.flush()
+            store.write_header(path, self._header())
+            return path
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(self._header())
+            fill_off, table_off, _ = store.layout(self.geom)
+            f.seek(fill_off)
+            np.ascontiguousarray(self.fill).tofile(f)
+            f.seek(table_off)
+            np.ascontiguousarray(self.table).tofile(f)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path, mmap=True, verify=None, workers=1):
+        """Open a saved index. mmap=True maps it read-only (header-only cost); mmap=False reads
+        it into memory. The data checksum is verified on full loads, or when verify=True."""
+        hdr = store.read_header(path)
+        geom = hdr["geometry"]
+        self = cls.__new__(cls)
+        self.geom, self.workers, self.path = geom, int(workers), path
+        self.tokens_added = hdr["tokens_added"]
+        self.history = hdr["history"]
+        self._stage = None
+        self.chunk_tokens = max(MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
+        self._init_constants()
+        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
+        self._dropped[0] = hdr["dropped"]
+        if mmap:
+            self.fill, self.table = store.map_arrays(path, geom, "r")
+            self.readonly = True
+        else:
+            geom.check_fits_memory()
+            fill, table = store.map_arrays(path, geom, "r")
+            self.fill, self.table = np.array(fill), np.array(table)
+            self.readonly = False
+            self.path = None
+            verify = True if verify is None else verify
+        if verify:
+            got = self.data_checksum()
+            if got != hdr["data_checksum"]:
+                raise ValueError(f"hint index {path}: data checksum mismatch (stored {hdr['data_checksum']:#x}, "
+                                 f"computed {got:#x}); the file is corrupt")
+        return self
+
+    # ---- description ----------------------------------------------------------------------
+    @property
+    def hints_stored(self):
+        return int(np.asarray(self.fill, dtype=np.int64).sum())
+
+    @property
+    def dropped(self):
+        return int(self._dropped.sum())
+
+    def stats(self):
+        g = self.geom
+        fill = np.asarray(self.fill).reshape(-1)
+        hist = np.bincount(fill, minlength=g.slots + 1)
+        stored = int(fill.sum(dtype=np.int64))
+        return dict(
+            geometry=g.to_dict(),
+            table_bytes=g.table_bytes,
+            tokens_added=int(self.tokens_added),
+            hints_stored=stored,
+            dropped=self.dropped,
+            load=stored / g.n_slots,
+            full_buckets=int(hist[g.slots]),
+            fill_histogram=hist.tolist(),
+        )
+
+    def __repr__(self):
+        return f"HintIndex({self.geom.describe()}, tokens={self.tokens_added:,}, stored={self.hints_stored:,}, dropped={self.dropped:,})"
+
+
+def hints_from_counts(tok, cnt, top):
+    """Turn raw lookup counts into the public Hints arrays (purity and kind)."""
+    K, n = tok.shape
+    purity = np.zeros((K, n), dtype=np.float32)
+    present = cnt > 0
+    purity[present] = top[present] / cnt[present]
+    kind = np.full((K, n), -1, dtype=np.int16)
+    _kinds(cnt, top, kind)
+    return Hints(token=tok, count=cnt, purity=purity, kind=kind)
+
+
+@numba.njit(cache=True, nogil=True)
+def _kinds(cnt, top, out):
+    K, n = cnt.shape
+    for k in range(K):
+        for t in range(n):
+            if cnt[k, t] > 0:
+                out[k, t] = kind_of(k, cnt[k, t], top[k, t])
+

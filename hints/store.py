@@ -1,0 +1,115 @@
+"""On-disk format of a hint index: one file, a 4 KiB header, the bucket fill counts, the slot table.
+
+    offset 0            header (HEADER_BYTES): magic, version, geometry, counts, stream tail,
+                        data checksum, and a CRC32 of the header itself
+    offset 4096         fill counts, uint16[2^P, 2^B]
+    page-aligned after  slot table, uint64[2^P, 2^B, S]
+
+Both arrays are page-aligned so `np.memmap` maps them as they are: loading with mmap=True
+reads the header only. The data checksum (``kernels.checksum64`` over fill and table) is
+checked on a full load and on request (``verify=True``); the header CRC, the geometry and
+the file size are always checked.
+"""
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from .geometry import Geometry
+
+MAGIC = b"NGHINTS\x00"
+VERSION = 1
+HEADER_BYTES = 4096   # one page, so the arrays after it are page-aligned
+PAGE = 4096
+MAX_LENGTHS = 8
+HISTORY_TOKENS = 64   # stream tail kept so a loaded index can go on adding (longest length <= 64)
+
+# magic, version, P, B, S, n_lengths, lengths[8], tokens_added, hints_stored, dropped,
+# data_checksum, history_len, history[64] (uint16), then the CRC32 of all of that.
+_FIELDS = struct.Struct(f"<8sIIIII{MAX_LENGTHS}IQQQQI{HISTORY_TOKENS}H")
+_CRC = struct.Struct("<I")
+
+
+def round_up(n, to=PAGE):
+    return -(-n // to) * to
+
+
+def layout(geom):
+    """(fill offset, table offset, total file bytes) of a geometry."""
+    fill_off = HEADER_BYTES
+    table_off = fill_off + round_up(geom.fill_bytes)
+    return fill_off, table_off, table_off + geom.table_bytes
+
+
+def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history):
+    if max(geom.lengths) > HISTORY_TOKENS:
+        raise ValueError(f"lengths {geom.lengths}: the file format keeps {HISTORY_TOKENS} tokens of history")
+    lengths = list(geom.lengths) + [0] * (MAX_LENGTHS - geom.n_lengths)
+    hist = list(int(x) for x in history) + [0] * (HISTORY_TOKENS - len(history))
+    body = _FIELDS.pack(MAGIC, VERSION, geom.partition_bits, geom.bucket_bits, geom.slots, geom.n_lengths,
+                        *lengths, int(tokens_added), int(hints_stored), int(dropped), int(data_checksum),
+                        len(history), *hist)
+    raw = body + _CRC.pack(zlib.crc32(body))
+    return raw + b"\x00" * (HEADER_BYTES - len(raw))
+
+
+def read_header(path):
+    """Parse and check a saved index's header; returns a dict. Raises ValueError naming the file."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise FileNotFoundError(f"hint index {path}: cannot open ({e.strerror})") from None
+    need = _FIELDS.size + _CRC.size
+    if size < need:
+        raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header ({need} bytes); truncated?")
+    with open(path, "rb") as f:
+        raw = f.read(need)
+    body, (crc,) = raw[:_FIELDS.size], _CRC.unpack(raw[_FIELDS.size:])
+    fields = _FIELDS.unpack(body)
+    magic, version = fields[0], fields[1]
+    if magic != MAGIC:
+        raise ValueError(f"hint index {path}: magic is {magic!r}, expected {MAGIC!r}; not a hint index file")
+    if version != VERSION:
+        raise ValueError(f"hint index {path}: format version is {version}, expected {VERSION}")
+    if zlib.crc32(body) != crc:
+        raise ValueError(f"hint index {path}: header checksum mismatch; the header is corrupt")
+    p, b, s, n_len = fields[2:6]
+    lengths = fields[6:6 + n_len]
+    rest = fields[6 + MAX_LENGTHS:]
+    tokens_added, hints_stored, dropped, data_checksum, hist_len = rest[:5]
+    history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
+    try:
+        geom = Geometry(p, b, s, tuple(lengths))
+    except ValueError as e:
+        raise ValueError(f"hint index {path}: bad geometry in header: {e}") from None
+    expected = layout(geom)[2]
+    if size != expected:
+        raise ValueError(f"hint index {path}: file is {size} bytes, expected {expected} for geometry "
+                         f"{geom.describe()}; truncated or corrupt")
+    return dict(geometry=geom, tokens_added=tokens_added, hints_stored=hints_stored, dropped=dropped,
+                data_checksum=data_checksum, history=history)
+
+
+def write_header(path, header_bytes):
+    with open(path, "r+b") as f:
+        f.write(header_bytes)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def create_file(path, geom):
+    """A file of the right size with an invalid (zero) header: readers refuse it until saved."""
+    total = layout(geom)[2]
+    with open(path, "wb") as f:
+        f.truncate(total)
+    return total
+
+
+def map_arrays(path, geom, mode):
+    """(fill, table) memory maps of a file laid out for geom. mode: 'r', 'r+' or 'c'."""
+    fill_off, table_off, _ = layout(geom)
+    shape2 = (geom.n_partitions, geom.n_buckets)
+    fill = np.memmap(path, dtype=np.uint16, mode=mode, offset=fill_off, shape=shape2)
+    table = np.memmap(path, dtype=np.uint64, mode=mode, offset=table_off, shape=shape2 + (geom.slots,))
+    return fill, table
