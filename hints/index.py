@@ -8,6 +8,7 @@ partition is filled in stream order, the bytes do not depend on the chunking of 
 calls or on the worker count.
 """
 import dataclasses
+import mmap
 import os
 import shutil
 
@@ -15,6 +16,7 @@ import numba
 import numpy as np
 
 from . import kernels, store
+from .parallel import run_ranges, split
 from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
@@ -47,9 +49,20 @@ def as_tokens(tokens, name="tokens"):
     return a.astype(np.uint16)
 
 
-def _set_threads(workers):
-    n = max(1, min(int(workers), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
+def alloc(shape, dtype):
+    """An uninitialised array on fresh anonymous memory, with transparent huge pages asked for
+    (fewer TLB misses on the random bucket accesses of stage 2 and lookup)."""
+    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def prefault_zero(a, workers):
+    """Zero a fresh array from all workers at once (touches every page: no faults later)."""
+    flat = a.reshape(-1)
+    run_ranges(lambda a0, a1: kernels.zero_fill(a0, a1, flat), flat.size, workers)
 
 
 class HintIndex:
@@ -71,11 +84,10 @@ class HintIndex:
         self._init_constants()
         if path is None:
             geom.check_fits_memory()
-            self.fill = np.empty((geom.n_partitions, geom.n_buckets), dtype=np.uint16)
-            self.table = np.empty((geom.n_partitions, geom.n_buckets, geom.slots), dtype=np.uint64)
-            _set_threads(self.workers)
-            kernels.zero_fill(self.fill.reshape(-1))
-            kernels.zero_fill(self.table.reshape(-1))
+            self.fill = alloc((geom.n_partitions, geom.n_buckets), np.uint16)
+            self.table = alloc((geom.n_partitions, geom.n_buckets, geom.slots), np.uint64)
+            prefault_zero(self.fill, self.workers)
+            prefault_zero(self.table, self.workers)
         else:
             self._check_space(path)
             store.create_file(path, geom)
@@ -110,7 +122,7 @@ class HintIndex:
         st = dict(
             capacity=n,
             blocks_per_range=blocks_per_range,
-            arena=np.empty((n_blocks, STAGE_BLOCK), dtype=np.uint64),
+            arena=alloc((n_blocks, STAGE_BLOCK), np.uint64),
             block_len=np.zeros(n_blocks, dtype=np.int64),
             block_next=np.zeros(n_blocks, dtype=np.int64),
             heads=np.zeros((w, g.n_partitions), dtype=np.int64),
@@ -119,7 +131,7 @@ class HintIndex:
             burst_fills=np.zeros((w, g.n_partitions), dtype=np.uint8),
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
-        kernels.zero_fill(st["arena"].reshape(-1))
+        prefault_zero(st["arena"], w)
         self._stage = st
         return st
 
@@ -133,21 +145,25 @@ class HintIndex:
         tokens = as_tokens(tokens)
         if tokens.size == 0:
             return self
-        _set_threads(self.workers)
         max_len = int(self._lengths.max())
         st = self._staging(min(tokens.size, self.chunk_tokens))
+        g, w = self.geom, self.workers
         for c0 in range(0, tokens.size, self.chunk_tokens):
             chunk = tokens[c0:c0 + self.chunk_tokens]
             h = self.history.size
             ext = st["ext"][:h + chunk.size]
             ext[:h] = self.history
             ext[h:] = chunk
-            kernels.stage1(ext, h, ext.size, self.workers, self._lengths, self._pows,
-                           self.geom.partition_bits, self._bits, self._shifts,
-                           st["arena"], st["block_len"], st["block_next"], st["heads"], st["tails"],
-                           st["blocks_per_range"], st["bursts"], st["burst_fills"])
-            kernels.stage2_place(st["arena"], st["block_len"], st["block_next"], st["heads"],
-                                 self.table, self.fill, self.geom.bucket_bits, int(self._shifts[0]), self._dropped)
+            st["heads"][:] = -1
+            st["tails"][:] = -1
+            ranges = [(h + a, h + b) for a, b in split(chunk.size, w)]  # stage 1: worker r hashes range r
+            run_ranges(lambda r0, r1: [kernels.stage1_range(
+                ext, ranges[r][0], ranges[r][1], self._lengths, self._pows, g.partition_bits, self._bits,
+                self._shifts, st["arena"], st["block_len"], st["block_next"], st["heads"][r], st["tails"][r],
+                r * st["blocks_per_range"], st["bursts"][r], st["burst_fills"][r]) for r in range(r0, r1)], w, w)
+            run_ranges(lambda p0, p1: kernels.stage2_place(  # stage 2: partitions split among workers
+                p0, p1, st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
+                g.bucket_bits, int(self._shifts[0]), self._dropped), g.n_partitions, w)
             self.history = ext[-min(ext.size, max_len):].copy()
             self.tokens_added += chunk.size
         return self
@@ -160,10 +176,10 @@ class HintIndex:
         tok = np.empty((K, n), dtype=np.int32)
         cnt = np.empty((K, n), dtype=np.int32)
         top = np.empty((K, n), dtype=np.int32)
-        if n:
-            _set_threads(self.workers)
-            kernels.lookup(q, self.table, self.fill, self._lengths, self._pows, self.geom.partition_bits,
-                           self.geom.bucket_bits, self._bits, self._shifts, tok, cnt, top)
+        g = self.geom
+        run_ranges(lambda t0, t1: kernels.lookup(
+            t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
+            self._bits, self._shifts, tok, cnt, top), n, self.workers)
         return tok, cnt, top
 
     def lookup(self, tokens):
@@ -173,10 +189,11 @@ class HintIndex:
 
     # ---- persistence ----------------------------------------------------------------------
     def data_checksum(self):
-        _set_threads(self.workers)
-        a = kernels.checksum64(np.asarray(self.table).reshape(-1))
-        b = kernels.checksum64(np.asarray(self.fill).reshape(-1).view(np.uint64))
-        return int((a * np.uint64(0x100000001B3)) ^ b)
+        def checksum(words):
+            return sum(run_ranges(lambda a0, a1: int(kernels.checksum64(a0, a1, words)), words.size, self.workers))
+        a = checksum(np.asarray(self.table).reshape(-1))
+        b = checksum(np.asarray(self.fill).reshape(-1).view(np.uint64))
+        return (a * 0x100000001B3 + b) % (1 << 64)
 
     def _header(self):
         return store.pack_header(self.geom, self.tokens_added, self.hints_stored, self.dropped,
@@ -224,7 +241,8 @@ class HintIndex:
         else:
             geom.check_fits_memory()
             fill, table = store.map_arrays(path, geom, "r")
-            self.fill, self.table = np.array(fill), np.array(table)
+            self.fill, self.table = alloc(fill.shape, np.uint16), alloc(table.shape, np.uint64)
+            self.fill[:], self.table[:] = fill, table
             self.readonly = False
             self.path = None
             verify = True if verify is None else verify

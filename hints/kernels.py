@@ -21,7 +21,10 @@ has room, else its second, else drops it.
 """
 import numba
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 U64 = np.uint64
 
@@ -33,7 +36,31 @@ BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift b
 TOKEN_MASK = U64(0xFFFF)
 NO_KEY = U64(1) << U64(63)              # a query key no slot key (< 2^48) can equal
 BURST = 8                               # slots per burst line: one 64-byte cache line
-LOOKUP_BLOCK = 2048                     # positions per parallel lookup task
+PREFETCH_GROUP = 16                     # lookups hashed and prefetched together (misses in flight)
+
+
+def _prefetch_codegen(context, builder, signature, args):
+    aryty = signature.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, args[1:], wraparound=False)
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+    # read (0), keep in all cache levels (3), data cache (1)
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    return context.get_dummy_value()
+
+
+@intrinsic
+def prefetch2(typingctx, arr, i, j):
+    """Hint the CPU to load arr[i, j]'s cache line (no fault, no wait)."""
+    return types.void(arr, i, j), _prefetch_codegen
+
+
+@intrinsic
+def prefetch3(typingctx, arr, i, j, k):
+    """Hint the CPU to load arr[i, j, k]'s cache line (no fault, no wait)."""
+    return types.void(arr, i, j, k), _prefetch_codegen
 
 
 @numba.njit(cache=True, inline="always")
@@ -168,29 +195,15 @@ def stage1_range(s, j0, j1, lengths, pows, partition_bits, bits, shifts,
     return free
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def stage1(s, j0, j1, n_ranges, lengths, pows, partition_bits, bits, shifts,
-           arena, block_len, block_next, heads, tails, blocks_per_range, bursts, burst_fills):
-    """Split j0..j1 into n_ranges contiguous ranges, one worker each (stream order kept by range)."""
-    n = j1 - j0
-    for w in prange(n_ranges):
-        a = j0 + (n * w) // n_ranges
-        b = j0 + (n * (w + 1)) // n_ranges
-        heads[w, :] = -1
-        tails[w, :] = -1
-        stage1_range(s, a, b, lengths, pows, partition_bits, bits, shifts,
-                     arena, block_len, block_next, heads[w], tails[w], w * blocks_per_range,
-                     bursts[w], burst_fills[w])
-
-
 # ---- build, stage 2 -------------------------------------------------------------------------
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def stage2_place(arena, block_len, block_next, heads, table, fill, bucket_bits, shift0, dropped):
-    """Place every staged slot: partition by partition, chains in range order (stream order)."""
-    n_ranges, n_part = heads.shape
+@numba.njit(cache=True, nogil=True)
+def stage2_place(p0, p1, arena, block_len, block_next, heads, table, fill, bucket_bits, shift0, dropped):
+    """Place the staged slots of partitions p0..p1-1, each walking its chains in range order
+    (= stream order): first bucket while it has room, else the second, else drop."""
+    n_ranges = heads.shape[0]
     slots = table.shape[2]
-    for p in prange(n_part):
+    for p in range(p0, p1):
         drops = 0
         tp = table[p]
         fp = fill[p]
@@ -213,64 +226,79 @@ def stage2_place(arena, block_len, block_next, heads, table, fill, bucket_bits, 
 
 # ---- lookup ---------------------------------------------------------------------------------
 
-@numba.njit(cache=True, inline="always")
-def _insertion_sort(a, m):
-    for i in range(1, m):
-        v = a[i]
-        k = i - 1
-        while k >= 0 and a[k] > v:
-            a[k + 1] = a[k]
-            k -= 1
-        a[k + 1] = v
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def lookup(q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
+@numba.njit(cache=True, nogil=True)
+def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
            out_token, out_count, out_top):
-    """For every position t of q: top follower, its count and the n-gram's count, per length.
+    """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
 
-    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). Scans the first bucket,
-    and the second only when the first is full (a hint goes to its second bucket only then).
+    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). Positions go in groups
+    of PREFETCH_GROUP: first hash the group and prefetch each first bucket, then scan them, so
+    the group's cache misses overlap. The second bucket is scanned only when the first is full.
     """
-    n = q.shape[0]
     K = lengths.shape[0]
     slots = table.shape[2]
-    n_tasks = (n + LOOKUP_BLOCK - 1) // LOOKUP_BLOCK
-    for task in prange(n_tasks):
-        t0 = task * LOOKUP_BLOCK
-        t1 = min(n, t0 + LOOKUP_BLOCK)
-        r = np.empty(K, dtype=np.uint64)
-        buf = np.empty(2 * slots + 1, dtype=np.uint64)
-        qk = np.empty(4, dtype=np.uint64)
-        total = np.zeros(K, dtype=np.int64)
-        best = np.zeros(K, dtype=np.int64)
-        best_tok = np.zeros(K, dtype=np.int64)
-        run = np.zeros(K, dtype=np.int64)
-        init_states(r, q, t0 + 1, lengths)
-        for t in range(t0, t1):
-            j = t + 1
+    if t0 >= t1:
+        return
+    r = np.empty(K, dtype=np.uint64)
+    buf = np.empty(2 * slots + 1, dtype=np.uint64)
+    qk = np.empty(4, dtype=np.uint64)
+    total = np.zeros(K, dtype=np.int64)
+    best = np.zeros(K, dtype=np.int64)
+    best_tok = np.zeros(K, dtype=np.int64)
+    ht_size = 16
+    while ht_size < 4 * slots:  # open-addressing counter: >= 2x the most followers two buckets hold
+        ht_size *= 2
+    ht_mask = ht_size - 1
+    ht_tok = np.full(ht_size, -1, dtype=np.int64)
+    ht_cnt = np.zeros((ht_size, K), dtype=np.int64)
+    used = np.empty(2 * slots, dtype=np.int64)
+    g_part = np.empty(PREFETCH_GROUP, dtype=np.uint64)
+    g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
+    g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
+    g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
+    sh0 = U64(shifts[0])
+    n = q.shape[0]
+    out_token[:, t0:t1] = -1
+    out_count[:, t0:t1] = 0
+    out_top[:, t0:t1] = 0
+    t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
+    if t >= t1:
+        return
+    init_states(r, q, t + 1, lengths)
+    while t < t1:
+        g_end = min(t1, t + PREFETCH_GROUP)
+        for g in range(g_end - t):  # phase 1: hash the group, prefetch its first buckets
+            j = t + g + 1
+            part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
+            b1, b2 = bucket_pair(c0, bucket_bits)
+            g_part[g], g_b1[g], g_b2[g], g_key[g] = part, b1, b2, key
+            prefetch2(fill, part, b1)
+            prefetch3(table, part, b1, 0)
+            prefetch3(table, part, b1, 8)
+            if j < n:
+                roll(r, q, j, lengths, pows)
+        for g in range(g_end - t):  # phase 2: scan and count
+            j = t + g + 1
+            part, b1, b2, key = g_part[g], g_b1[g], g_b2[g], g_key[g]
+            valid = 0
+            for k in range(4):
+                qk[k] = NO_KEY
             for k in range(K):
-                out_token[k, t] = -1
-                out_count[k, t] = 0
-                out_top[k, t] = 0
-            if j >= lengths[0]:
-                part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-                valid = 0
-                for k in range(4):
-                    qk[k] = NO_KEY
-                for k in range(K):
-                    if j >= lengths[k]:
-                        qk[k] = key >> U64(shifts[k])
-                        valid += 1
-                b1, b2 = bucket_pair(c0, bucket_bits)
-                m = 0
-                for pass_ in range(2):
-                    b = b1 if pass_ == 0 else b2
-                    f = fill[part, b]
-                    row = table[part, b]
-                    for i in range(f):
+                if j >= lengths[k]:
+                    qk[k] = key >> U64(shifts[k])
+                    valid += 1
+            m = 0
+            for pass_ in range(2):
+                b = b1 if pass_ == 0 else b2
+                f = fill[part, b]
+                row = table[part, b]
+                hits = 0  # precheck: is the shortest n-gram here at all? (a vectorised count)
+                for i in range(f):
+                    hits += (row[i] >> sh0) == qk[0]
+                if hits:
+                    for i in range(f):  # gather (token, matched levels) of the matching slots
                         sl = row[i]
-                        lvl = np.int64((sl >> U64(shifts[0])) == qk[0])
+                        lvl = np.int64((sl >> sh0) == qk[0])
                         if K > 1:
                             lvl += np.int64((sl >> U64(shifts[1])) == qk[1])
                         if K > 2:
@@ -279,66 +307,60 @@ def lookup(q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shi
                             lvl += np.int64((sl >> U64(shifts[3])) == qk[3])
                         buf[m] = ((sl & TOKEN_MASK) << U64(3)) | U64(lvl)
                         m += lvl > 0
-                    if pass_ == 0 and fill[part, b1] < slots:
-                        break
-                if m > 0:
-                    if m <= 32:
-                        _insertion_sort(buf, m)
-                    else:
-                        buf[:m].sort()
+                if f < slots:  # a hint goes to its second bucket only once the first is full
+                    break
+            if m == 0:
+                continue
+            # count followers per level in a small open-addressing table, then pick the top
+            n_used = 0
+            for i in range(m):
+                tok = np.int64(buf[i] >> U64(3))
+                h = (tok * 40503) & ht_mask  # Knuth's multiplicative constant for 16-bit keys
+                while ht_tok[h] != tok and ht_tok[h] >= 0:
+                    h = (h + 1) & ht_mask
+                if ht_tok[h] < 0:
+                    ht_tok[h] = tok
+                    used[n_used] = h
+                    n_used += 1
                     for k in range(K):
-                        total[k] = 0
-                        best[k] = 0
-                        best_tok[k] = -1
-                        run[k] = 0
-                    i = 0
-                    while i < m:
-                        tok = buf[i] >> U64(3)
-                        for k in range(K):
-                            run[k] = 0
-                        while i < m and (buf[i] >> U64(3)) == tok:
-                            lvl = np.int64(buf[i] & U64(7))
-                            for k in range(lvl):
-                                run[k] += 1
-                            i += 1
-                        for k in range(K):
-                            total[k] += run[k]
-                            if run[k] > best[k]:  # ascending tokens: strict > keeps the smallest id on ties
-                                best[k] = run[k]
-                                best_tok[k] = np.int64(tok)
-                    for k in range(valid):
-                        if total[k] > 0:
-                            out_token[k, t] = best_tok[k]
-                            out_count[k, t] = total[k]
-                            out_top[k, t] = best[k]
-            if j < n:
-                roll(r, q, j, lengths, pows)
+                        ht_cnt[h, k] = 0
+                for k in range(np.int64(buf[i] & U64(7))):
+                    ht_cnt[h, k] += 1
+            for k in range(K):
+                total[k] = 0
+                best[k] = 0
+                best_tok[k] = -1
+            for u in range(n_used):
+                h = used[u]
+                tok = ht_tok[h]
+                for k in range(K):
+                    c = ht_cnt[h, k]
+                    total[k] += c
+                    if c > best[k] or (c == best[k] and c > 0 and tok < best_tok[k]):  # ties: smallest id
+                        best[k] = c
+                        best_tok[k] = tok
+                ht_tok[h] = -1
+            for k in range(valid):
+                if total[k] > 0:
+                    out_token[k, t + g] = best_tok[k]
+                    out_count[k, t + g] = total[k]
+                    out_top[k, t + g] = best[k]
+        t = g_end
 
 
 # ---- whole-table helpers --------------------------------------------------------------------
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def zero_fill(a):
-    """Write zeros over a flat array in parallel: pre-faults fresh pages on all workers."""
-    n = a.shape[0]
-    step = 1 << 20
-    for c in prange((n + step - 1) // step):
-        a[c * step:min(n, (c + 1) * step)] = 0
+@numba.njit(cache=True, nogil=True)
+def zero_fill(a0, a1, a):
+    """Write zeros over a[a0:a1]: pre-faults fresh pages from the worker that runs it."""
+    a[a0:a1] = 0
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def checksum64(words):
-    """Order-sensitive 64-bit checksum of a flat uint64 array: sum of fmix64(word ^ index-mix)."""
-    n = words.shape[0]
-    step = 1 << 20
-    n_chunks = (n + step - 1) // step
-    partial = np.zeros(n_chunks, dtype=np.uint64)
-    for c in prange(n_chunks):
-        acc = U64(0)
-        for i in range(c * step, min(n, (c + 1) * step)):
-            acc += fmix64(words[i] ^ (U64(i) * HASH_MULT))
-        partial[c] = acc
-    total = U64(n)
-    for c in range(n_chunks):
-        total += partial[c]
-    return total
+@numba.njit(cache=True, nogil=True)
+def checksum64(a0, a1, words):
+    """Checksum of words[a0:a1], position-sensitive: sum of fmix64(word ^ index mix). Sums of
+    ranges add up to the checksum of the whole (mod 2^64)."""
+    acc = U64(0)
+    for i in range(a0, a1):
+        acc += fmix64(words[i] ^ (U64(i) * HASH_MULT))
+    return acc
