@@ -11,6 +11,7 @@ import dataclasses
 import mmap
 import os
 import shutil
+import time
 
 import numba
 import numpy as np
@@ -81,6 +82,7 @@ class HintIndex:
         self.chunk_tokens = int(chunk_tokens or max(
             MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD)))
         self._stage = None
+        self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         self._init_constants()
         if path is None:
             geom.check_fits_memory()
@@ -156,14 +158,18 @@ class HintIndex:
             ext[h:] = chunk
             st["heads"][:] = -1
             st["tails"][:] = -1
+            t0 = time.perf_counter()
             ranges = [(h + a, h + b) for a, b in split(chunk.size, w)]  # stage 1: worker r hashes range r
             run_ranges(lambda r0, r1: [kernels.stage1_range(
                 ext, ranges[r][0], ranges[r][1], self._lengths, self._pows, g.partition_bits, self._bits,
                 self._shifts, st["arena"], st["block_len"], st["block_next"], st["heads"][r], st["tails"][r],
                 r * st["blocks_per_range"], st["bursts"][r], st["burst_fills"][r]) for r in range(r0, r1)], w, w)
+            t1 = time.perf_counter()
             run_ranges(lambda p0, p1: kernels.stage2_place(  # stage 2: partitions split among workers
                 p0, p1, st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
                 g.bucket_bits, int(self._shifts[0]), self._dropped), g.n_partitions, w)
+            self.build_seconds["stage1"] += t1 - t0
+            self.build_seconds["stage2"] += time.perf_counter() - t1
             self.history = ext[-min(ext.size, max_len):].copy()
             self.tokens_added += chunk.size
         return self
@@ -231,6 +237,7 @@ class HintIndex:
         self.tokens_added = hdr["tokens_added"]
         self.history = hdr["history"]
         self._stage = None
+        self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         self.chunk_tokens = max(MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
         self._init_constants()
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)

@@ -37,6 +37,8 @@ TOKEN_MASK = U64(0xFFFF)
 NO_KEY = U64(1) << U64(63)              # a query key no slot key (< 2^48) can equal
 BURST = 8                               # slots per burst line: one 64-byte cache line
 PREFETCH_GROUP = 16                     # lookups hashed and prefetched together (misses in flight)
+CACHE_BITS = 12                         # lookup result cache: 2^12 entries per length (direct-mapped)
+CACHE_MIN_COUNT = 24                    # n-grams seen this often are cached: counting them costs more than a probe
 
 
 def _prefetch_codegen(context, builder, signature, args):
@@ -81,6 +83,41 @@ def bucket_pair(c0, bucket_bits):
     mask = (U64(1) << U64(bucket_bits)) - U64(1)
     b2 = b1 ^ (((x >> U64(64 - 2 * bucket_bits)) & mask) | U64(1))
     return b1, b2
+
+
+@intrinsic
+def cttz(typingctx, x):
+    """Count of trailing zero bits of a uint64 (the index of its lowest set bit)."""
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(1)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
+        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
+    return types.uint64(types.uint64), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def gather_matches(row, f, sh, qk, lo, buf, m):
+    """Append (token << 3 | lengths matched) of the slots row[:f] matching length lo to buf[m:].
+
+    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited.
+    """
+    for c in range(0, f, 64):
+        mask = U64(0)
+        for i in range(c, min(f, c + 64)):
+            mask |= U64((row[i] >> sh[lo]) == qk[lo]) << U64(i - c)
+        while mask:
+            sl = row[c + np.int64(cttz(mask))]
+            mask &= mask - U64(1)
+            lvl = (np.int64((sl >> sh[0]) == qk[0]) + np.int64((sl >> sh[1]) == qk[1])
+                   + np.int64((sl >> sh[2]) == qk[2]) + np.int64((sl >> sh[3]) == qk[3]))
+            buf[m] = ((sl & TOKEN_MASK) << U64(3)) | U64(lvl)
+            m += 1
+    return m
+
+
+@numba.njit(cache=True, inline="always")
+def cache_slot(part, key):
+    return np.int64(((key ^ (U64(part) * HASH_MULT)) * FMIX_C1) >> U64(64 - CACHE_BITS))
 
 
 @numba.njit(cache=True, inline="always")
@@ -242,21 +279,24 @@ def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, b
     r = np.empty(K, dtype=np.uint64)
     buf = np.empty(2 * slots + 1, dtype=np.uint64)
     qk = np.empty(4, dtype=np.uint64)
-    total = np.zeros(K, dtype=np.int64)
     best = np.zeros(K, dtype=np.int64)
     best_tok = np.zeros(K, dtype=np.int64)
-    ht_size = 16
-    while ht_size < 4 * slots:  # open-addressing counter: >= 2x the most followers two buckets hold
-        ht_size *= 2
-    ht_mask = ht_size - 1
-    ht_tok = np.full(ht_size, -1, dtype=np.int64)
-    ht_cnt = np.zeros((ht_size, K), dtype=np.int64)
-    used = np.empty(2 * slots, dtype=np.int64)
+    counts = np.zeros((K, 1 << 16), dtype=np.int32)  # follower counts by token id, zeroed after use
+    total = np.zeros(K, dtype=np.int64)
+    sh = np.full(4, 63, dtype=np.uint64)  # unused lengths: slot >> 63 never equals NO_KEY
+    for k in range(K):
+        sh[k] = shifts[k]
+    # per-call cache of results for frequent n-grams, keyed by (partition, nested key); the
+    # table does not change during a call, so a hit is exact
+    cache_part = np.full((K, 1 << CACHE_BITS), -1, dtype=np.int64)
+    cache_key = np.zeros((K, 1 << CACHE_BITS), dtype=np.uint64)
+    cache_tok = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
+    cache_top = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
+    cache_count = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
     g_part = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    sh0 = U64(shifts[0])
     n = q.shape[0]
     out_token[:, t0:t1] = -1
     out_count[:, t0:t1] = 0
@@ -277,7 +317,7 @@ def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, b
             prefetch3(table, part, b1, 8)
             if j < n:
                 roll(r, q, j, lengths, pows)
-        for g in range(g_end - t):  # phase 2: scan and count
+        for g in range(g_end - t):  # phase 2: count matches, reuse cached results, count followers
             j = t + g + 1
             part, b1, b2, key = g_part[g], g_b1[g], g_b2[g], g_key[g]
             valid = 0
@@ -285,66 +325,71 @@ def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, b
                 qk[k] = NO_KEY
             for k in range(K):
                 if j >= lengths[k]:
-                    qk[k] = key >> U64(shifts[k])
+                    qk[k] = key >> sh[k]
                     valid += 1
-            m = 0
+            # precheck: is the shortest n-gram here at all? (a vectorised count, no branches)
+            h0 = 0
             for pass_ in range(2):
                 b = b1 if pass_ == 0 else b2
                 f = fill[part, b]
                 row = table[part, b]
-                hits = 0  # precheck: is the shortest n-gram here at all? (a vectorised count)
                 for i in range(f):
-                    hits += (row[i] >> sh0) == qk[0]
-                if hits:
-                    for i in range(f):  # gather (token, matched levels) of the matching slots
-                        sl = row[i]
-                        lvl = np.int64((sl >> sh0) == qk[0])
-                        if K > 1:
-                            lvl += np.int64((sl >> U64(shifts[1])) == qk[1])
-                        if K > 2:
-                            lvl += np.int64((sl >> U64(shifts[2])) == qk[2])
-                        if K > 3:
-                            lvl += np.int64((sl >> U64(shifts[3])) == qk[3])
-                        buf[m] = ((sl & TOKEN_MASK) << U64(3)) | U64(lvl)
-                        m += lvl > 0
+                    h0 += (row[i] >> sh[0]) == qk[0]
                 if f < slots:  # a hint goes to its second bucket only once the first is full
+                    break
+            if h0 == 0:
+                continue
+            # frequent n-grams recur: take their results from the cache; count the rest
+            lo = valid
+            for k in range(valid - 1, -1, -1):
+                ci = cache_slot(part, qk[k])
+                if cache_part[k, ci] == part and cache_key[k, ci] == qk[k]:
+                    out_token[k, t + g] = cache_tok[k, ci]
+                    out_count[k, t + g] = cache_count[k, ci]
+                    out_top[k, t + g] = cache_top[k, ci]
+                else:
+                    lo = k
+            if lo == valid:
+                continue
+            m = 0  # gather (token, levels matched) of the slots matching length lo
+            for pass_ in range(2):
+                b = b1 if pass_ == 0 else b2
+                f = fill[part, b]
+                m = gather_matches(table[part, b], f, sh, qk, lo, buf, m)
+                if f < slots:
                     break
             if m == 0:
                 continue
-            # count followers per level in a small open-addressing table, then pick the top
-            n_used = 0
-            for i in range(m):
-                tok = np.int64(buf[i] >> U64(3))
-                h = (tok * 40503) & ht_mask  # Knuth's multiplicative constant for 16-bit keys
-                while ht_tok[h] != tok and ht_tok[h] >= 0:
-                    h = (h + 1) & ht_mask
-                if ht_tok[h] < 0:
-                    ht_tok[h] = tok
-                    used[n_used] = h
-                    n_used += 1
-                    for k in range(K):
-                        ht_cnt[h, k] = 0
-                for k in range(np.int64(buf[i] & U64(7))):
-                    ht_cnt[h, k] += 1
-            for k in range(K):
+            # count followers per level in token-indexed counters, tracking the top as we go
+            for k in range(lo, valid):
                 total[k] = 0
                 best[k] = 0
                 best_tok[k] = -1
-            for u in range(n_used):
-                h = used[u]
-                tok = ht_tok[h]
-                for k in range(K):
-                    c = ht_cnt[h, k]
-                    total[k] += c
-                    if c > best[k] or (c == best[k] and c > 0 and tok < best_tok[k]):  # ties: smallest id
+            for i in range(m):
+                tok = np.int64(buf[i] >> U64(3))
+                for k in range(lo, np.int64(buf[i] & U64(7))):
+                    c = counts[k, tok] + 1
+                    counts[k, tok] = c
+                    total[k] += 1
+                    if c > best[k] or (c == best[k] and tok < best_tok[k]):  # ties: smallest id
                         best[k] = c
                         best_tok[k] = tok
-                ht_tok[h] = -1
-            for k in range(valid):
+            for i in range(m):
+                tok = np.int64(buf[i] >> U64(3))
+                for k in range(lo, np.int64(buf[i] & U64(7))):
+                    counts[k, tok] = 0
+            for k in range(lo, valid):
                 if total[k] > 0:
                     out_token[k, t + g] = best_tok[k]
                     out_count[k, t + g] = total[k]
                     out_top[k, t + g] = best[k]
+                    if total[k] >= CACHE_MIN_COUNT:
+                        ci = cache_slot(part, qk[k])
+                        cache_part[k, ci] = part
+                        cache_key[k, ci] = qk[k]
+                        cache_tok[k, ci] = best_tok[k]
+                        cache_count[k, ci] = total[k]
+                        cache_top[k, ci] = best[k]
         t = g_end
 
 

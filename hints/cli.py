@@ -1,0 +1,166 @@
+"""`python -m hints build|lookup|stats|bench`: the hint index from the command line."""
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from .geometry import PRESETS, Geometry
+from .index import HintIndex
+from .stats import format_stats, hint_stats
+from .tokens import count_tokens, iter_chunks, read_all
+
+
+def parse_geometry(spec, n_tokens=None, lengths=(6, 10, 20)):
+    """A preset name, 'auto' (sized for n_tokens) or 'P,B,S' (partition bits, bucket bits, slots)."""
+    if spec == "auto":
+        return Geometry.for_tokens(n_tokens, lengths=lengths)
+    if spec in PRESETS:
+        g = Geometry.preset(spec)
+        return Geometry(g.partition_bits, g.bucket_bits, g.slots, lengths)
+    try:
+        p, b, s = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"--geometry {spec!r}: expected a preset ({', '.join(PRESETS)}), 'auto' or 'P,B,S'") from None
+    return Geometry(p, b, s, lengths)
+
+
+def parse_lengths(spec):
+    try:
+        return tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"--lengths {spec!r}: expected comma-separated integers like 6,10,20") from None
+
+
+def cmd_build(args):
+    n = count_tokens(args.tokens, args.max_tokens)
+    geom = parse_geometry(args.geometry, n, parse_lengths(args.lengths))
+    print(f"building {geom.describe()} from {n:,} tokens with {args.workers} worker(s)")
+    idx = HintIndex(geom, workers=args.workers, path=args.out if args.in_place else None)
+    t = time.perf_counter()
+    with tqdm(total=n, unit="tok", unit_scale=True, desc="build") as bar:
+        for chunk in iter_chunks(args.tokens, args.max_tokens):
+            idx.add(chunk)
+            bar.update(chunk.size)
+    dt = time.perf_counter() - t
+    idx.save(args.out)
+    s = idx.stats()
+    print(f"built in {dt:.1f}s ({n / dt / 1e6:.1f}M tok/s): {s['hints_stored']:,} hints stored, "
+          f"{s['dropped']:,} dropped, load {s['load']:.1%}, {s['full_buckets']:,} full buckets -> {args.out}")
+
+
+def cmd_lookup(args):
+    from data.tokenizer import gpt2  # only for showing text
+    idx = HintIndex.load(args.index, mmap=True, workers=args.workers)
+    if args.text is not None:
+        toks = np.array(gpt2().encode(args.text, allowed_special="all"), dtype=np.uint16)
+    else:
+        toks = read_all(args.tokens, args.start + args.count)[args.start:]
+    h = idx.lookup(toks)
+    enc = gpt2()
+    print("pos  token          " + "  ".join(f"{L:>2}-gram hint (count, purity, kind)" for L in idx.geom.lengths))
+    for t in range(toks.size):
+        cells = []
+        for k in range(idx.geom.n_lengths):
+            if h.token[k, t] < 0:
+                cells.append(f"{'-':<34}")
+            else:
+                cells.append(f"{enc.decode([int(h.token[k, t])])!r:<14} ({h.count[k, t]}, {h.purity[k, t]:.2f}, {h.kind[k, t]})".ljust(34))
+        print(f"{t:>3}  {enc.decode([int(toks[t])])!r:<14} " + "  ".join(cells))
+
+
+def cmd_stats(args):
+    idx = HintIndex.load(args.index, mmap=True, verify=args.verify, workers=args.workers)
+    s = idx.stats()
+    print(f"index {args.index}: {idx.geom.describe()}")
+    print(f"  tokens added {s['tokens_added']:,}, hints stored {s['hints_stored']:,}, dropped {s['dropped']:,}, "
+          f"load {s['load']:.1%}, full buckets {s['full_buckets']:,}")
+    hist = np.array(s["fill_histogram"])
+    edges = np.linspace(0, idx.geom.slots, 9).astype(int)
+    print("  bucket fill histogram: " + ", ".join(
+        f"{a}-{b}: {hist[a:b + 1 if b == idx.geom.slots else b].sum() / hist.sum():.1%}" for a, b in zip(edges, edges[1:])))
+    if args.tokens:
+        n = count_tokens(args.tokens, args.max_tokens)
+        toks = read_all(args.tokens, args.max_tokens)
+        with tqdm(total=max(0, n - 1), unit="pos", unit_scale=True, desc="stats") as bar:
+            st = hint_stats(idx, toks, progress=bar)
+        print(format_stats(st, per_kind=not args.no_kinds))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(index=s, hints=st), f, indent=1)
+
+
+def cmd_bench(args):
+    from .bench import format_table, run_bench
+    if args.tokens:
+        train = read_all(args.tokens, args.max_tokens)
+        query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
+    else:
+        from data.local_corpus import build_local_corpus
+        corpus = build_local_corpus(max_train_tokens=args.max_tokens)
+        train = read_all(corpus["train_pattern"], args.max_tokens)
+        query = read_all(corpus["val_pattern"], args.query_tokens)
+    geom = parse_geometry(args.geometry, train.size, parse_lengths(args.lengths))
+    res = run_bench(train, query, geom=geom, workers=args.workers, ref_tokens=args.ref_tokens)
+    print()
+    print(format_table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m hints", description="Build, query and measure n-gram hint indexes.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p, tokens_required=True):
+        p.add_argument("--tokens", required=tokens_required, help="token shards (.bin glob, llm.c format) or .npy file(s)")
+        p.add_argument("--max-tokens", type=int, default=None, help="use at most this many tokens")
+        p.add_argument("--workers", type=int, default=2, help="worker threads (nogil Numba kernels)")
+
+    p = sub.add_parser("build", help="build an index from token shards and save it")
+    common(p)
+    p.add_argument("--out", required=True, help="index file to write (a path under /dev/shm is shared memory)")
+    p.add_argument("--geometry", default="auto", help="preset (" + ", ".join(PRESETS) + "), 'auto' (sized for the tokens) or 'P,B,S'")
+    p.add_argument("--lengths", default="6,10,20", help="n-gram lengths, increasing")
+    p.add_argument("--in-place", action="store_true", help="build directly in the --out file instead of in memory")
+    p.set_defaults(fn=cmd_build)
+
+    p = sub.add_parser("lookup", help="show the hints for a piece of text or a token range")
+    p.add_argument("--index", required=True)
+    p.add_argument("--text", default=None, help="text to tokenize and look up")
+    p.add_argument("--tokens", default=None, help="token shards or .npy to take positions from")
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--count", type=int, default=40)
+    p.add_argument("--workers", type=int, default=1)
+    p.set_defaults(fn=cmd_lookup)
+
+    p = sub.add_parser("stats", help="index fill, and hint coverage/accuracy per length and kind on a token stream")
+    p.add_argument("--index", required=True)
+    common(p, tokens_required=False)
+    p.add_argument("--verify", action="store_true", help="also verify the data checksum (reads the whole file)")
+    p.add_argument("--no-kinds", action="store_true", help="omit the per-kind table")
+    p.add_argument("--json", default=None, help="write the numbers to this JSON file")
+    p.set_defaults(fn=cmd_stats)
+
+    p = sub.add_parser("bench", help="time build and lookup against the plain-Python reference (ratios, one run)")
+    common(p, tokens_required=False)
+    p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
+    p.add_argument("--query-tokens", type=int, default=1_000_000)
+    p.add_argument("--ref-tokens", type=int, default=200_000, help="tokens the plain-Python builder is timed on")
+    p.add_argument("--geometry", default="auto")
+    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_bench)
+
+    args = ap.parse_args(argv)
+    if args.cmd == "lookup" and (args.text is None) == (args.tokens is None):
+        ap.error("lookup: give exactly one of --text or --tokens")
+    try:
+        args.fn(args)
+    except (ValueError, FileNotFoundError, MemoryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,54 @@
+"""Token sources for the hint CLI: `.bin` shards (llm.c format) or `.npy` arrays, by path or glob."""
+import glob
+import os
+
+import numpy as np
+
+from data.loader import iter_tokens, resolve_files
+from data.shards import shard_token_count
+
+CHUNK_TOKENS = 1 << 24  # tokens per chunk handed to HintIndex.add (32 MiB of uint16)
+
+
+def _npy_files(pattern):
+    files = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
+    missing = [f for f in files if not os.path.exists(f)]
+    if not files or missing:
+        raise FileNotFoundError(f"--tokens {pattern}: no such .npy file(s)")
+    return files
+
+
+def _load_npy(path):
+    a = np.load(path, mmap_mode="r")
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise ValueError(f"{path}: expected a 1-D integer token array, got shape {a.shape} dtype {a.dtype}")
+    return a
+
+
+def count_tokens(pattern, max_tokens=None):
+    if pattern.endswith(".npy"):
+        n = sum(_load_npy(f).size for f in _npy_files(pattern))
+    else:
+        n = sum(shard_token_count(f) for f in resolve_files(pattern))
+    return n if max_tokens is None else min(n, max_tokens)
+
+
+def iter_chunks(pattern, max_tokens=None, chunk=CHUNK_TOKENS):
+    """Consecutive token chunks of the stream named by `pattern`, up to max_tokens in all."""
+    if not pattern.endswith(".npy"):
+        yield from iter_tokens(pattern, max_tokens=max_tokens, chunk_tokens=chunk)
+        return
+    left = np.inf if max_tokens is None else max_tokens
+    for f in _npy_files(pattern):
+        a = _load_npy(f)
+        for i in range(0, a.size, chunk):
+            if left <= 0:
+                return
+            part = a[i:i + int(min(chunk, left))]
+            left -= part.size
+            yield part
+
+
+def read_all(pattern, max_tokens=None):
+    chunks = list(iter_chunks(pattern, max_tokens))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint16)
