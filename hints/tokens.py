@@ -1,4 +1,5 @@
-"""Token sources for the hint CLI: `.bin` shards (llm.c format) or `.npy` arrays, by path or glob."""
+"""Token sources for the hint CLI and builders: `.bin` shards (llm.c format; a glob, path or
+list of paths) or `.npy` arrays (a path or glob ending in .npy)."""
 import glob
 import os
 
@@ -8,6 +9,10 @@ from data.loader import iter_tokens, resolve_files
 from data.shards import shard_token_count
 
 CHUNK_TOKENS = 1 << 24  # tokens per chunk handed to HintIndex.add (32 MiB of uint16)
+
+
+def _is_npy(pattern):
+    return isinstance(pattern, str) and pattern.endswith(".npy")
 
 
 def _npy_files(pattern):
@@ -26,7 +31,7 @@ def _load_npy(path):
 
 
 def count_tokens(pattern, max_tokens=None):
-    if pattern.endswith(".npy"):
+    if _is_npy(pattern):
         n = sum(_load_npy(f).size for f in _npy_files(pattern))
     else:
         n = sum(shard_token_count(f) for f in resolve_files(pattern))
@@ -35,7 +40,7 @@ def count_tokens(pattern, max_tokens=None):
 
 def iter_chunks(pattern, max_tokens=None, chunk=CHUNK_TOKENS):
     """Consecutive token chunks of the stream named by `pattern`, up to max_tokens in all."""
-    if not pattern.endswith(".npy"):
+    if not _is_npy(pattern):
         yield from iter_tokens(pattern, max_tokens=max_tokens, chunk_tokens=chunk)
         return
     left = np.inf if max_tokens is None else max_tokens
