@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|scaling`: the hint index from the command line."""
 import argparse
 import json
 import sys
@@ -111,6 +111,17 @@ def cmd_bench(args):
             json.dump(res, f, indent=1)
 
 
+def cmd_scaling(args):
+    from .background import parse_token_count
+    from .scaling import ladder_sizes, run_scaling
+    max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(args.train)
+    sizes = ladder_sizes(max_tokens, parse_token_count(args.min_tokens))
+    val = read_all(args.val, args.val_tokens)
+    geom = parse_geometry(args.geometry, max_tokens, parse_lengths(args.lengths))
+    print(f"hint-corpus ladder {[f'{n:,}' for n in sizes]} over {args.train}; {val.size:,} validation tokens")
+    run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m hints", description="Build, query and measure n-gram hint indexes.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -154,6 +165,18 @@ def main(argv=None):
     p.add_argument("--lengths", default="6,10,20")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("scaling", help="coverage/accuracy of hints on validation tokens vs hint-corpus size (table, CSV, JSON, plots)")
+    p.add_argument("--train", required=True, help="training shards the hint corpus comes from (.bin glob)")
+    p.add_argument("--val", required=True, help="validation shards (.bin glob)")
+    p.add_argument("--val-tokens", type=int, default=10_485_760, help="first N validation tokens (default: the speedrun's 10,485,760)")
+    p.add_argument("--min-tokens", default="75M", help="smallest hint corpus of the doubling ladder (e.g. 75M)")
+    p.add_argument("--max-tokens", default=None, help="largest hint corpus (e.g. 37B; default: all training tokens)")
+    p.add_argument("--geometry", default="auto")
+    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", default="runs/scaling", help="output directory")
+    p.set_defaults(fn=cmd_scaling)
 
     args = ap.parse_args(argv)
     if args.cmd == "lookup" and (args.text is None) == (args.tokens is None):
