@@ -5,8 +5,11 @@ run: Numba build (1 worker, N workers) over the plain-Python builder, N workers 
 and lookup positions/s per core. Each Numba timing is the best of REPEATS runs, alternated
 between worker counts. Peak build memory is measured in a fresh child process.
 """
-import multiprocessing
-import resource
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -15,31 +18,40 @@ from .geometry import Geometry
 from .index import HintIndex
 from .reference import ReferenceIndex
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 2
 MIB = 1 << 20
 MEMORY_SLACK = 256 * MIB  # DESIGN.md: peak build RSS <= index + staging + 256 MiB
 
 
-def _maxrss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _peak_rss():
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from a parent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("VmHWM not found in /proc/self/status")
 
 
-def _memory_child(geom, tokens, workers, out):
+def _memory_child(geom_json, tokens_path, workers):
+    """Run in a fresh interpreter: peak RSS growth of building an index, as JSON on stdout."""
+    geom = Geometry(**json.loads(geom_json))
+    tokens = np.load(tokens_path)
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(tokens[:1000])  # load kernels before the baseline
-    before = _maxrss()
+    before = _peak_rss()
     idx = HintIndex(geom, workers=workers)
     idx.add(tokens)
-    out.put(dict(peak_increase=_maxrss() - before, index_bytes=geom.nbytes, staging_bytes=idx.staging_bytes()))
+    print(json.dumps(dict(peak_increase=_peak_rss() - before, index_bytes=geom.nbytes, staging_bytes=idx.staging_bytes())))
 
 
 def measure_memory(geom, tokens, workers):
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_memory_child, args=(geom, tokens, workers, q))
-    p.start()
-    res = q.get()
-    p.join()
-    return res
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "tokens.npy")
+        np.save(path, tokens)
+        code = (f"import sys; sys.path.insert(0, {REPO_ROOT!r}); from hints.bench import _memory_child; "
+                f"_memory_child({json.dumps(geom.to_dict())!r}, {path!r}, {int(workers)})")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _time(fn):

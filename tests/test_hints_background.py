@@ -1,0 +1,127 @@
+"""The background builder: a separate process builds the same index as in-process building,
+reports failure instead of hanging, and never leaves shared memory behind."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data.shards import write_shard
+from hints import Geometry, HintIndex
+from hints.background import SHM_DIR, BackgroundBuilder, parse_token_count
+
+GEOM = Geometry(4, 8, 16)
+WAIT_S = 120  # generous: the child imports numba and loads cached kernels
+
+
+def wait_for(builder, states=("ready", "failed")):
+    t = time.time()
+    while time.time() - t < WAIT_S:
+        st = builder.status()
+        if st["state"] in states:
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"builder still {builder.status()} after {WAIT_S}s")
+
+
+def leftovers(name):
+    return glob.glob(os.path.join(SHM_DIR, f"hints-{name}*"))
+
+
+@pytest.fixture
+def shards(tmp_path):
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 40, size=60_000).astype(np.uint16)
+    write_shard(tmp_path / "train_000000.bin", toks[:25_000])
+    write_shard(tmp_path / "train_000001.bin", toks[25_000:])
+    return str(tmp_path / "train_*.bin"), toks
+
+
+def test_parse_token_count():
+    assert parse_token_count("75M") == 75_000_000
+    assert parse_token_count("1.2B") == 1_200_000_000
+    assert parse_token_count("37B") == 37_000_000_000
+    assert parse_token_count(4096) == 4096
+    with pytest.raises(ValueError, match="75M"):
+        parse_token_count("lots")
+
+
+def test_builds_same_index_as_in_process(shards):
+    pattern, toks = shards
+    b = BackgroundBuilder(pattern, 50_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}a", log=lambda *a: None)
+    try:
+        b.start()
+        st = wait_for(b)
+        assert st["state"] == "ready", st
+        bg = b.open()
+        ref = HintIndex(GEOM).add(toks[:50_000])
+        assert bg.tokens_added == 50_000
+        assert np.array_equal(np.asarray(bg.fill), ref.fill) and np.array_equal(np.asarray(bg.table), ref.table)
+        other = BackgroundBuilder.attach(b.name)  # another rank's view
+        assert other.ready() and other.open().tokens_added == 50_000
+        other.close()  # an attached handle never removes the owner's files
+        assert os.path.exists(b.idx_path)
+    finally:
+        b.close()
+    assert leftovers(b.name) == []
+
+
+def test_killed_builder_reports_failure_and_cleans_up(shards):
+    pattern, _ = shards
+    b = BackgroundBuilder(pattern, 60_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}b", log=lambda *a: None)
+    b.start()
+    os.kill(b.process.pid, signal.SIGKILL)
+    st = wait_for(b, states=("failed",))
+    assert "died" in st["error"]
+    assert not b.ready()
+    with pytest.raises(RuntimeError, match="not ready"):
+        b.open()
+    b.close()
+    b.close()  # idempotent
+    assert leftovers(b.name) == []
+
+
+def test_bad_shard_fails_with_its_name(tmp_path, shards):
+    pattern, _ = shards
+    bad = tmp_path / "train_000002.bin"
+    write_shard(bad, np.arange(100, dtype=np.uint16))
+    raw = bytearray(bad.read_bytes())
+    raw[0] ^= 0xFF  # wrong magic, found only when the builder reaches this shard
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="train_000002.bin"):
+        BackgroundBuilder(pattern, 70_000, geometry=GEOM, workers=1, log=lambda *a: None)
+
+
+def test_builder_exits_with_its_parent(shards, tmp_path):
+    pattern, _ = shards
+    name = f"t{os.getpid()}c"
+    # a parent that starts a long build (the same 60k tokens again and again via a list of shards)
+    files = sorted(glob.glob(pattern)) * 400
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time, os\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        "from hints.background import BackgroundBuilder\n"
+        "from hints import Geometry\n"
+        f"b = BackgroundBuilder({files!r}, 24_000_000, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
+        "t = time.time()\n"
+        "while b.status()['state'] != 'running' and time.time() - t < 60: time.sleep(0.05)\n"
+        "print(b.process.pid, flush=True)\n"
+        "os._exit(0)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=WAIT_S)
+    pid = int(out.stdout.split()[-1])
+    t = time.time()
+    while time.time() - t < 30:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("builder outlived its parent")
+    assert leftovers(name) == []
