@@ -41,6 +41,8 @@ def as_tokens(tokens, name="tokens"):
     a = np.asarray(tokens)
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array of token ids, got shape {a.shape}")
+    if a.size == 0:
+        return np.zeros(0, dtype=np.uint16)  # np.asarray([]) is float64; an empty input is still fine
     if a.dtype == np.uint16:
         return np.ascontiguousarray(a)
     if a.dtype.kind not in "iu":
@@ -138,7 +140,10 @@ class HintIndex:
         return st
 
     def staging_bytes(self):
-        return 0 if self._stage is None else sum(v.nbytes for v in self._stage.values() if isinstance(v, np.ndarray))
+        """Bytes of the hint staging area (arena, chains, burst lines), not the input token buffer."""
+        if self._stage is None:
+            return 0
+        return sum(v.nbytes for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext")
 
     def add(self, tokens):
         """Append tokens to the stream and store one hint per new position."""
@@ -198,7 +203,9 @@ class HintIndex:
         def checksum(words):
             return sum(run_ranges(lambda a0, a1: int(kernels.checksum64(a0, a1, words)), words.size, self.workers))
         a = checksum(np.asarray(self.table).reshape(-1))
-        b = checksum(np.asarray(self.fill).reshape(-1).view(np.uint64))
+        fill = np.asarray(self.fill).reshape(-1)
+        # fill is uint16; view it as uint64 words (a copy only for geometries of < 4 buckets)
+        b = checksum(fill.view(np.uint64) if fill.nbytes % 8 == 0 else fill.astype(np.uint64))
         return (a * 0x100000001B3 + b) % (1 << 64)
 
     def _header(self):
