@@ -1,0 +1,246 @@
+"""train_gpt.py's hint preparation and validation pieces, tested directly (no training run):
+training-time hints are causal (step s sees only steps < s), rank slices get full n-grams at
+their starts, the prep thread stays within its limit and re-raises its errors, validation
+hints are cached per index state, and the background-index fallback picks the right index."""
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import train_gpt  # noqa: E402
+from data.loader import Batch, DistributedDataLoader  # noqa: E402
+from data.shards import write_shard  # noqa: E402
+from hints import Geometry, HintIndex  # noqa: E402
+
+GEOM = Geometry(2, 8, 32, (6, 10, 20))  # 4 x 256 x 32 slots: ample for a few thousand tokens
+B, T, WORLD = 2, 32, 2
+G = WORLD * B * T  # 128 tokens per step
+NGRAM = np.arange(100, 120, dtype=np.uint16)  # a 20-gram that random filler never contains
+FOLLOW = 7  # the token that follows it, first seen in step 1
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def deadline():
+    """A hung prep thread must fail the test, not the whole suite."""
+    def boom(*_):
+        raise TimeoutError("test took longer than 60 s")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def planted_stream(steps=6, seed=0):
+    """Random filler (ids >= 1000) with NGRAM -> FOLLOW planted at chosen places:
+    step 1: inside rank 0's slice (first occurrence: no hint may exist yet);
+    step 3: ending at rank 1's first input position (the n-gram spans the rank boundary);
+    step 4: ending at rank 0's first position (the n-gram spans the step boundary)."""
+    rng = np.random.default_rng(seed)
+    s = rng.integers(1000, 50000, size=steps * G + 1).astype(np.uint16)
+    ends = {1: 1 * G + 40, 3: 3 * G + B * T, 4: 4 * G}
+    for end in ends.values():
+        s[end - 19:end + 1] = NGRAM
+        s[end + 1] = FOLLOW
+    return s, ends
+
+
+def prep_for(path, rank, world, batch):
+    loader = DistributedDataLoader(path, batch, T, rank=rank, world_size=world, log=None)
+    return train_gpt.HintPrep(loader, HintIndex(GEOM), rank=rank, world_size=world)
+
+
+def global_hints(preps):
+    """One step of every rank, concatenated back into global stream order: (G, K) tokens, kinds."""
+    items = [p.prepare() for p in preps]
+    tok = torch.cat([it.hint_tokens.reshape(-1, 3) for it in items]).numpy()
+    kind = torch.cat([it.hint_kinds.reshape(-1, 3) for it in items]).numpy()
+    return items, tok, kind
+
+
+def test_training_hints_are_causal_and_span_rank_and_step_boundaries(tmp_path):
+    stream, ends = planted_stream()
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    preps = [prep_for(path, r, WORLD, B) for r in range(WORLD)]
+    for step in range(6):
+        items, tok, kind = global_hints(preps)
+        assert items[0].hint_tokens.shape == (B, T, 3) and items[0].hint_tokens.dtype == torch.int64
+        assert (tok < 0).sum() == (kind < 0).sum()  # absent hints are absent in both
+        # Causality: the hints of this step equal those of an index built from exactly the
+        # tokens of the earlier steps (nothing of this step or later).
+        ref = HintIndex(GEOM)
+        ref.add(stream[:step * G])
+        h = ref.lookup(stream[:(step + 1) * G])
+        np.testing.assert_array_equal(tok, h.token[:, step * G:].T)
+        np.testing.assert_array_equal(kind, h.kind[:, step * G:].T)
+        if step == 1:  # first occurrence: the continuation is in this very batch, not in the index
+            assert (tok[ends[1] - G] == -1).all()
+        if step in (3, 4):  # seen at step 1: hinted now, all three lengths, full n-grams at slice starts
+            assert (tok[ends[step] - step * G] == FOLLOW).all()
+        if step == 0:
+            assert (tok == -1).all()  # an empty index hints nothing
+    for p in preps:
+        assert p.index.tokens_added == 6 * G  # every rank's index holds the whole global stream
+
+
+def test_two_ranks_give_the_hints_of_one_rank_with_the_whole_batch(tmp_path):
+    stream, _ = planted_stream(seed=1)
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    two = [prep_for(path, r, WORLD, B) for r in range(WORLD)]
+    one = [prep_for(path, 0, 1, WORLD * B)]
+    for _ in range(5):
+        _, tok2, kind2 = global_hints(two)
+        items1, tok1, kind1 = global_hints(one)
+        np.testing.assert_array_equal(tok1, tok2)
+        np.testing.assert_array_equal(kind1, kind2)
+
+
+def test_no_hints_mode_gives_no_hint_tensors(tmp_path):
+    stream, _ = planted_stream()
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    loader = DistributedDataLoader(path, B, T, log=None)
+    item = train_gpt.HintPrep(loader, None).prepare()
+    assert item.hint_tokens is None and item.hint_kinds is None
+    np.testing.assert_array_equal(item.x.numpy().reshape(-1), stream[:B * T])
+    np.testing.assert_array_equal(item.y.numpy().reshape(-1), stream[1:B * T + 1])
+
+
+def test_prep_thread_runs_ahead_up_to_its_limit_only(tmp_path):
+    stream, _ = planted_stream()
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    prep = prep_for(path, 0, 1, B).start(limit=2)
+    try:
+        prep.wait_idle()
+        time.sleep(0.05)
+        assert prep.next_step == 2 and prep.index.tokens_added == 2 * B * T  # stopped at the limit
+        for step in range(2):
+            item, waited = prep.get()
+            assert item.step == step and waited >= 0
+        prep.set_limit(5)
+        prep.wait_filled()
+        assert prep._queue.qsize() == 3
+        assert [prep.get()[0].step for _ in range(3)] == [2, 3, 4]
+    finally:
+        prep.close()
+    assert not prep._thread.is_alive()
+
+
+class FailingLoader:
+    """A loader whose third batch fails, as a corrupt shard would."""
+
+    B, T, step = 1, 4, 0
+
+    def next_batch(self):
+        self.step += 1
+        if self.step == 3:
+            raise ValueError("shard data/broken.bin: magic is 0, expected 20240520")
+        x = np.arange(4, dtype=np.int64).reshape(1, 4)
+        return Batch(x, x, x.reshape(-1).astype(np.uint16))
+
+
+def test_prep_thread_error_is_reraised_with_its_traceback():
+    prep = train_gpt.HintPrep(FailingLoader(), None).start(limit=10)
+    try:
+        assert prep.get()[0].step == 0
+        assert prep.get()[0].step == 1
+        with pytest.raises(RuntimeError, match="hint preparation thread") as err:
+            prep.get()
+        text = str(err.value)
+        assert "magic is 0" in text and "Traceback" in text and "next_batch" in text
+        assert isinstance(err.value.__cause__, ValueError)
+    finally:
+        prep.close()
+
+
+def test_val_split_is_even_and_whole_batches():
+    for world in (1, 2, 3):
+        spans = [train_gpt.val_split(10_001, 100, 8, r, world) for r in range(world)]
+        firsts, counts, bss = zip(*spans)
+        assert len(set(counts)) == 1 and counts[0] % bss[0] == 0
+        assert firsts == tuple(r * counts[0] for r in range(world))
+        assert counts[0] * world <= 100
+
+
+def test_val_hints_cached_per_index_state(tmp_path):
+    rng = np.random.default_rng(3)
+    val = rng.integers(0, 300, size=5000).astype(np.uint16)
+    idx = HintIndex(GEOM)
+    idx.add(val[:2000])
+    a = train_gpt.val_hints(idx, val, 1000, 3000)
+    assert train_gpt.val_hints(idx, val, 1000, 3000)[0] is a[0]  # same index state: cached
+    h = idx.lookup(val[:3000])
+    np.testing.assert_array_equal(a[0], h.token[:, 1000:].T)  # the prefix gives full n-grams
+    idx.add(val[2000:4000])
+    b = train_gpt.val_hints(idx, val, 1000, 3000)
+    assert b[0] is not a[0]  # the index grew: looked up again
+    assert (b[0] >= 0).sum() >= (a[0] >= 0).sum()
+
+
+class FakeBuilder:
+    """Stands in for hints.background.BackgroundBuilder (same methods)."""
+
+    instances = []
+
+    def __init__(self, state, index=None):
+        self.state, self.index, self.closed = state, index, 0
+        FakeBuilder.instances.append(self)
+
+    def start(self):
+        pass
+
+    def status(self):
+        n = self.index.tokens_added if self.index is not None else 0
+        return dict(state=self.state, tokens_done=n, tokens_total=n, tokens_per_s=1e6, eta_s=0.0,
+                    error="boom" if self.state == "failed" else None)
+
+    def ready(self):
+        return self.state == "ready"
+
+    def open(self, workers=1):
+        return self.index
+
+    def close(self):
+        self.closed += 1
+
+
+def test_background_wrapper_reports_and_guards():
+    lines = []
+    idx = HintIndex(GEOM)
+    idx.add(np.arange(1000, dtype=np.uint16))
+    bg = train_gpt.Background(FakeBuilder("running", idx), owner=True, name="x", log=lines.append)
+    assert not bg.ready() and "bg index" in bg.describe()
+    bg.handle.state = "ready"
+    bg.poll()
+    bg.poll()
+    assert sum("background index ready" in line for line in lines) == 1  # announced once
+    assert bg.open() is idx
+    bg.close()
+    assert bg.handle.closed == 1
+    attached = train_gpt.Background(FakeBuilder("ready", idx), owner=False, name="x", log=lines.append)
+    attached.close()
+    assert attached.handle.closed == 0  # only the owner removes the shared index
+
+    class Broken(FakeBuilder):
+        def status(self):
+            raise OSError("status file gone")
+
+        def ready(self):
+            raise OSError("status file gone")
+
+    broken = train_gpt.Background(Broken("running"), owner=True, name="x", log=lines.append)
+    assert broken.status()["state"] == "failed" and not broken.ready()
+    assert "status file gone" in broken.describe()

@@ -1,0 +1,216 @@
+"""train_gpt.py end to end on CPU with tiny models: two gloo ranks train like one rank with the
+whole batch and stay identical; a resumed run continues bit-exactly; warm-up steps are undone;
+the background index is used when ready and falls back when not; the demo preset runs."""
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import train_gpt  # noqa: E402
+from data.local_corpus import build_local_corpus, stdlib_dir  # noqa: E402
+from data.shards import write_shard  # noqa: E402
+from hints import HintIndex  # noqa: E402
+from data.loader import iter_tokens  # noqa: E402
+
+VOCAB = 512
+RUN_TIMEOUT_S = 180
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def phrase_stream(n, seed, phrases):
+    """Tokens < VOCAB: 60% of the text is drawn from a fixed set of phrases, so n-grams repeat."""
+    rng = np.random.default_rng(seed)
+    out, total = [], 0
+    while total < n:
+        p = phrases[rng.integers(len(phrases))] if rng.random() < 0.6 else rng.integers(0, VOCAB, rng.integers(3, 20))
+        out.append(p)
+        total += len(p)
+    return np.concatenate(out)[:n]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    phrases = [rng.integers(0, VOCAB, size=rng.integers(8, 40)) for _ in range(200)]
+    write_shard(d / "train_000000.bin", phrase_stream(60_000, 1, phrases))
+    write_shard(d / "train_000001.bin", phrase_stream(40_000, 2, phrases))
+    write_shard(d / "val_000000.bin", phrase_stream(10_000, 3, phrases))
+    return d
+
+
+def tiny_args(corpus, tmp_path, *extra):
+    return ["--preset", "demo", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
+            "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
+            "--val-tokens", "2048", "--val-batch-size", "4", "--log-every", "1", "--hint-tokens", "0",
+            "--log-dir", str(tmp_path / "logs"), *extra]
+
+
+def run(args, nproc=1, check=True):
+    if nproc == 1:
+        cmd = [sys.executable, str(REPO / "train_gpt.py"), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(REPO / "train_gpt.py"), *args]
+    p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-6000:]}\n--- stderr\n{p.stderr[-6000:]}")
+    return p
+
+
+def losses(summary):
+    return {step: loss for step, loss in summary["train_losses"]}
+
+
+def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3")
+    run(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
+    run(common + ["--batch-size", "4", "--summary-json", str(tmp_path / "one.json")])
+    two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    assert two["world_size"] == 2 and two["global_batch_tokens"] == one["global_batch_tokens"] == 256
+    assert len(two["param_digests"]) == 2 and two["ranks_in_sync"]  # both ranks hold the same weights
+    assert sorted(losses(two)) == list(range(1, 7))
+    for step, loss in losses(one).items():  # same global batches: the same losses up to fp32 sums
+        assert abs(losses(two)[step] - loss) < 1e-4, (step, losses(two)[step], loss)
+    assert abs(two["val_loss_hints"] - one["val_loss_hints"]) < 1e-4
+    assert abs(two["val_loss_nohints"] - one["val_loss_nohints"]) < 1e-4
+    assert two["hint_tokens_train"] == one["hint_tokens_train"] == 6 * 256  # every rank saw the global stream
+
+
+def test_resume_continues_exactly(corpus, tmp_path):
+    common = tiny_args(corpus, tmp_path, "--steps", "8", "--batch-size", "2", "--val-every", "4")
+    ck = tmp_path / "ckpt.pt"
+    run(common + ["--save-checkpoint", str(ck), "--checkpoint-every", "4", "--summary-json", str(tmp_path / "full.json")])
+    assert (tmp_path / "ckpt_step000004.pt").exists() and (tmp_path / "ckpt_step000004.pt.hints").exists()
+    assert ck.exists() and Path(str(ck) + ".hints").exists()
+    run(common + ["--resume", str(tmp_path / "ckpt_step000004.pt"), "--summary-json", str(tmp_path / "resumed.json")])
+    full, resumed = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("full", "resumed"))
+    assert resumed["resumed_from_step"] == 4
+    assert losses(resumed) == losses(full)  # steps 5..8 bit-exact (1..4 come from the checkpoint)
+    assert resumed["val_loss_hints"] == full["val_loss_hints"]
+    assert resumed["val_loss_nohints"] == full["val_loss_nohints"]
+    assert resumed["hint_tokens_train"] == full["hint_tokens_train"] == 8 * 128
+    saved = HintIndex.load(str(ck) + ".hints")
+    assert saved.tokens_added == 8 * 128
+
+
+def test_warmup_steps_are_undone(corpus, tmp_path):
+    common = tiny_args(corpus, tmp_path, "--steps", "4", "--batch-size", "2", "--val-every", "0")
+    run(common + ["--summary-json", str(tmp_path / "cold.json")])
+    p = run(common + ["--warmup-steps", "3", "--summary-json", str(tmp_path / "warm.json")])
+    assert "warm-up: 3 steps" in p.stdout
+    cold, warm = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("cold", "warm"))
+    assert losses(warm) == losses(cold)
+    assert warm["val_loss_hints"] == cold["val_loss_hints"]
+    assert warm["hint_tokens_train"] == cold["hint_tokens_train"] == 4 * 128  # no warm-up batch in the index
+
+
+class FakeBuilder:
+    """hints.background.BackgroundBuilder's interface; builds synchronously (or never, or fails)."""
+
+    mode = "ready"
+    closed = 0
+
+    def __init__(self, files, max_tokens, geometry=None, workers=None, name=None, log=print, **kwargs):
+        self.files, self.max_tokens, self.geometry = files, max_tokens, geometry
+        self.index = None
+
+    def start(self):
+        if self.mode == "ready":
+            self.index = HintIndex(self.geometry)
+            for chunk in iter_tokens(self.files, self.max_tokens):
+                self.index.add(chunk)
+
+    def status(self):
+        state = {"ready": "ready", "late": "running", "failed": "failed"}[self.mode]
+        done = self.index.tokens_added if self.index is not None else 0
+        return dict(state=state, tokens_done=done, tokens_total=self.max_tokens, tokens_per_s=1e6, eta_s=99.0,
+                    error="worker died" if state == "failed" else None)
+
+    def ready(self):
+        return self.mode == "ready"
+
+    def open(self, workers=1):
+        return self.index
+
+    def close(self):
+        FakeBuilder.closed += 1
+
+
+@pytest.mark.parametrize("mode", ["ready", "late", "failed"])
+def test_background_index_used_when_ready_else_fallback(corpus, tmp_path, monkeypatch, mode):
+    module = types.ModuleType("hints.background")
+    module.BackgroundBuilder = type("BackgroundBuilder", (FakeBuilder,), {"mode": mode})
+    monkeypatch.setitem(sys.modules, "hints.background", module)
+    FakeBuilder.closed = 0
+    args = tiny_args(corpus, tmp_path, "--steps", "4", "--batch-size", "2", "--val-every", "2",
+                     "--bg-wait", "0.5", "--summary-json", str(tmp_path / "s.json"))
+    args[args.index("--hint-tokens") + 1] = "50000"
+    s = train_gpt.main(args)
+    log = Path(s["log_file"]).read_text()
+    assert FakeBuilder.closed == 1  # closed at the end, once
+    if mode == "ready":
+        assert s["val_index"] == "background" and s["hint_tokens_val"] == 50_000
+        assert "background index ready" in log and "hints from: background index, 50.0k tokens" in log
+    else:
+        assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"] == 4 * 128
+        assert "background index not used for this validation" in log
+        assert ("eta 99s" in log) if mode == "late" else ("worker died" in log)
+    assert s["val_loss_hints"] is not None and s["val_loss_nohints"] is not None
+
+
+def test_no_hints_ablation(corpus, tmp_path):
+    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--no-hints",
+                                 "--summary-json", str(tmp_path / "s.json")))
+    assert s["no_hints"] and s["hint_tokens_train"] == 0
+    assert s["val_loss_hints"] is None and s["val_index"] is None and s["val_loss_nohints"] > 0
+
+
+def test_demo_preset_small_budget(tmp_path):
+    """The demo preset (its model and batch) on a small stdlib corpus, 20 steps."""
+    out = tmp_path / "corpus"
+    build_local_corpus(src_dir=os.path.join(stdlib_dir(), "email"), out_dir=str(out), progress=False)
+    summary = tmp_path / "demo.json"
+    p = run(["--preset", "demo", "--train-files", str(out / "train_*.bin"), "--val-files", str(out / "val_*.bin"),
+             "--steps", "20", "--val-every", "10", "--val-tokens", "1024", "--hint-tokens", "0",
+             "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary)])
+    s = json.loads(summary.read_text())
+    for key in ("val_loss_hints", "val_loss_nohints", "steps", "train_tokens", "hint_tokens_train", "hint_tokens_val",
+                "train_time_s", "tokens_per_s", "val_index", "hint_wait_ms_total", "hint_prep_ms_per_step"):
+        assert key in s, key
+    assert s["steps"] == 20 and s["train_tokens"] == 20 * 2 * 256 == s["hint_tokens_train"]
+    assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"]
+    assert np.isfinite(s["val_loss_hints"]) and np.isfinite(s["val_loss_nohints"])
+    assert "model: speedrun 4 layers x 256 wide, 4 heads, seq_len 256" in p.stdout
+    assert p.stdout.count("val_loss_hints") >= 3  # step 10, step 20, final line
+    assert "hint wait" in p.stdout and "final: hints: prep" in p.stdout
+    assert Path(s["log_file"]).read_text().count("val_loss_nohints") >= 3  # the log file has it too
+
+
+def test_val_index_used_when_no_background(corpus, tmp_path):
+    idx = HintIndex(train_gpt.Geometry.for_tokens(100_000))
+    for chunk in iter_tokens(str(corpus / "train_*.bin")):
+        idx.add(chunk)
+    path = idx.save(str(tmp_path / "val.hints"))
+    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--val-index", path,
+                                 "--summary-json", str(tmp_path / "s.json")))
+    assert s["val_index"] == "val-index" and s["hint_tokens_val"] == 100_000
+    assert s["hint_tokens_train"] == 3 * 128
+    assert "hints from: --val-index, 100.0k tokens | training index: 384 tokens" in Path(s["log_file"]).read_text()
