@@ -53,6 +53,7 @@ from data.loader import DistributedDataLoader, read_tokens, resolve_files  # noq
 from data.shards import shard_token_count  # noqa: E402
 from data.tokenizer import VOCAB_SIZE  # noqa: E402
 from hints import Geometry, HintIndex, n_kinds  # noqa: E402
+from hints.background import BackgroundBuilder  # noqa: E402
 from model import (GPT, GPTConfig, allreduce_grads, autocast_context, build_optimizers,  # noqa: E402
                    gpu_paths_enabled, lr_multiplier, maybe_compile)
 
@@ -437,8 +438,9 @@ def val_hints(index, val_tokens, start, stop):
 
 
 @torch.no_grad()
-def evaluate(model, val_tokens, index, *, seq_len, batch_size, device, rank=0, world_size=1):
-    """Mean val loss with hints from `index` (None: skipped) and without hints, over all ranks.
+def evaluate(model, val_tokens, index, *, seq_len, batch_size, device, rank=0, world_size=1, nohints=True):
+    """Mean val loss with hints from `index` (None: skipped) and without hints (nohints=False:
+    skipped), over all ranks.
 
     val_tokens: the whole val stream (uint16); each rank takes an equal run of sequences of
     seq_len (+1 target). Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
@@ -459,7 +461,8 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, device, rank=0, w
         x = buf[:-1].view(bs, seq_len).to(device, non_blocking=True)
         y = buf[1:].view(bs, seq_len).to(device, non_blocking=True)
         with autocast_context(device):
-            sums[1] += model(x, y).double()
+            if nohints:
+                sums[1] += model(x, y).double()
             if index is not None:
                 K = tok.shape[1]
                 ht = torch.from_numpy(tok[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
@@ -470,12 +473,13 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, device, rank=0, w
         dist.all_reduce(sums)
     model.train(was_training)
     n = max(sums[2].item(), 1)
-    return dict(loss_hints=sums[0].item() / n if index is not None else None, loss_nohints=sums[1].item() / n,
+    return dict(loss_hints=sums[0].item() / n if index is not None else None,
+                loss_nohints=sums[1].item() / n if nohints else None,
                 tokens=int(n_seq * seq_len * world_size), lookup_s=lookup_s)
 
 
 # ----------------------------------------------------------------------------------------
-# Background validation index (hints/background.py, written alongside this trainer)
+# Background validation index (hints/background.py)
 
 class Background:
     """This rank's view of the node's background index build: the builder (local rank 0) or
@@ -494,11 +498,7 @@ class Background:
         """Local rank 0 starts the builder (on the cores after the first `reserve_cpus`, which
         the training ranks keep); after `barrier()` the other local ranks attach."""
         handle, error = None, None
-        try:
-            from hints.background import BackgroundBuilder
-        except ImportError as e:
-            BackgroundBuilder, error = None, f"hints.background is not available ({e})"
-        if BackgroundBuilder is not None and local_rank == 0:
+        if local_rank == 0:
             try:
                 geom = Geometry.for_tokens(max_tokens, lengths=lengths)
                 handle = BackgroundBuilder(files, max_tokens, geometry=geom, name=name, log=log,
@@ -507,7 +507,7 @@ class Background:
             except Exception as e:  # noqa: BLE001 - reported; validation falls back
                 error, handle = f"{type(e).__name__}: {e}", None
         barrier()
-        if BackgroundBuilder is not None and local_rank != 0:
+        if local_rank != 0:
             try:
                 handle = BackgroundBuilder.attach(name)
             except Exception as e:  # noqa: BLE001

@@ -213,6 +213,7 @@ class BackgroundBuilder:
         starting process removes files; attached handles just let go."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
+            self.process.send_signal(signal.SIGCONT)  # a paused (SIGSTOP) builder must see the SIGTERM
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

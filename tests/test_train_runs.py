@@ -1,11 +1,14 @@
 """train_gpt.py end to end on CPU with tiny models: two gloo ranks train like one rank with the
 whole batch and stay identical; a resumed run continues bit-exactly; warm-up steps are undone;
-the background index is used when ready and falls back when not; the demo preset runs."""
+the real background builder is used when ready, and a late or killed one is reported and\ncleaned up while training goes on; the demo preset runs."""
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
-import types
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ import train_gpt  # noqa: E402
 from data.local_corpus import build_local_corpus, stdlib_dir  # noqa: E402
 from data.shards import write_shard  # noqa: E402
 from hints import HintIndex  # noqa: E402
+from hints.background import SHM_DIR  # noqa: E402
 from data.loader import iter_tokens  # noqa: E402
 
 VOCAB = 512
@@ -122,58 +126,62 @@ def test_warmup_steps_are_undone(corpus, tmp_path):
     assert warm["hint_tokens_train"] == cold["hint_tokens_train"] == 4 * 128  # no warm-up batch in the index
 
 
-class FakeBuilder:
-    """hints.background.BackgroundBuilder's interface; builds synchronously (or never, or fails)."""
-
-    mode = "ready"
-    closed = 0
-
-    def __init__(self, files, max_tokens, geometry=None, workers=None, name=None, log=print, **kwargs):
-        self.files, self.max_tokens, self.geometry = files, max_tokens, geometry
-        self.index = None
-
-    def start(self):
-        if self.mode == "ready":
-            self.index = HintIndex(self.geometry)
-            for chunk in iter_tokens(self.files, self.max_tokens):
-                self.index.add(chunk)
-
-    def status(self):
-        state = {"ready": "ready", "late": "running", "failed": "failed"}[self.mode]
-        done = self.index.tokens_added if self.index is not None else 0
-        return dict(state=state, tokens_done=done, tokens_total=self.max_tokens, tokens_per_s=1e6, eta_s=99.0,
-                    error="worker died" if state == "failed" else None)
-
-    def ready(self):
-        return self.mode == "ready"
-
-    def open(self, workers=1):
-        return self.index
-
-    def close(self):
-        FakeBuilder.closed += 1
+def builder_children():
+    """PIDs of hint-builder processes (python -m hints.background) whose parent is this process."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"hints.background" in cmd:
+            found.append(int(d))
+    return found
 
 
-@pytest.mark.parametrize("mode", ["ready", "late", "failed"])
-def test_background_index_used_when_ready_else_fallback(corpus, tmp_path, monkeypatch, mode):
-    module = types.ModuleType("hints.background")
-    module.BackgroundBuilder = type("BackgroundBuilder", (FakeBuilder,), {"mode": mode})
-    monkeypatch.setitem(sys.modules, "hints.background", module)
-    FakeBuilder.closed = 0
+def signal_builder_when_started(sig):
+    """In a thread: send `sig` to the training run's builder process as soon as it exists."""
+    sent = []
+
+    def watch():
+        deadline = time.time() + 60
+        while not sent and time.time() < deadline:
+            for pid in builder_children():
+                os.kill(pid, sig)
+                sent.append(pid)
+            time.sleep(0.002)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t, sent
+
+
+@pytest.mark.parametrize("mode", ["ready", "late", "killed"])
+def test_background_index_real_builder(corpus, tmp_path, mode):
+    """The real builder process: used when ready; when paused (late) or killed mid-run the run
+    goes on, says so, validates with the training index, and leaves no shared memory."""
+    shm_before = set(glob.glob(os.path.join(SHM_DIR, "hints-*")))
     args = tiny_args(corpus, tmp_path, "--steps", "4", "--batch-size", "2", "--val-every", "2",
-                     "--bg-wait", "0.5", "--summary-json", str(tmp_path / "s.json"))
+                     "--bg-wait", "60" if mode == "ready" else "0", "--summary-json", str(tmp_path / "s.json"))
     args[args.index("--hint-tokens") + 1] = "50000"
+    watcher = None
+    if mode != "ready":
+        watcher, sent = signal_builder_when_started(signal.SIGSTOP if mode == "late" else signal.SIGKILL)
     s = train_gpt.main(args)
     log = Path(s["log_file"]).read_text()
-    assert FakeBuilder.closed == 1  # closed at the end, once
     if mode == "ready":
         assert s["val_index"] == "background" and s["hint_tokens_val"] == 50_000
         assert "background index ready" in log and "hints from: background index, 50.0k tokens" in log
     else:
+        watcher.join()
+        assert sent, "the builder process was never seen"
         assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"] == 4 * 128
         assert "background index not used for this validation" in log
-        assert ("eta 99s" in log) if mode == "late" else ("worker died" in log)
+        assert ("died" in log) if mode == "killed" else ("bg index ready" not in log)
     assert s["val_loss_hints"] is not None and s["val_loss_nohints"] is not None
+    assert builder_children() == []  # the builder is gone, paused or not
+    assert set(glob.glob(os.path.join(SHM_DIR, "hints-*"))) == shm_before  # and so is its shared memory
 
 
 def test_no_hints_ablation(corpus, tmp_path):
