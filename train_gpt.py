@@ -411,6 +411,11 @@ class HintPrep:
 _VAL_HINT_CACHE = {}  # (id(index), tokens_added, id(val), rank, world) -> (index, tok, kind)
 
 
+def read_val_tokens(val_files, n_tokens):
+    """The first n_tokens scored val tokens: n_tokens + 1 (the last is only a target)."""
+    return read_tokens(val_files, n_tokens + 1, strict=False)
+
+
 def val_split(n_val, seq_len, batch_size, rank, world_size):
     """This rank's share of the val stream: (first sequence, sequences, batch size)."""
     n_seq = max(n_val - 1, 0) // seq_len
@@ -678,7 +683,7 @@ def main(argv=None):
         log(f"note: global batch is {global_batch:,} tokens ({world_size} ranks x {B} x {T}); the record "
             f"uses {RECORD_GLOBAL_BATCH_TOKENS:,} on 8 GPUs")
     loader = DistributedDataLoader(train_files, B, T, rank=rank, world_size=world_size, log=log if master else None)
-    val_tokens = read_tokens(val_files, args.val_tokens + 1, strict=False)
+    val_tokens = read_val_tokens(val_files, args.val_tokens)
     if len(val_tokens) < args.val_tokens + 1:
         log(f"note: val shards hold {len(val_tokens):,} tokens, fewer than --val-tokens {args.val_tokens:,}")
     _, n_val_seq, _ = val_split(len(val_tokens), T, args.val_batch_size, 0, world_size)

@@ -19,14 +19,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from data.loader import read_tokens  # noqa: E402
 from hints import Geometry  # noqa: E402
 from hints.background import parse_token_count  # noqa: E402
 from hints.scaling import RECORD_LADDER_START, human_tokens, ladder_sizes, run_ladder  # noqa: E402
 from hints.stats import hint_stats  # noqa: E402
 from hints.tokens import count_tokens  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from train_gpt import evaluate  # noqa: E402
+from train_gpt import evaluate, read_val_tokens  # noqa: E402
 
 
 def load_model(path, device):
@@ -82,7 +81,7 @@ def main(argv=None):
     ap.add_argument("--val-tokens", type=int, default=None, help="first N validation tokens (default: the checkpoint's)")
     ap.add_argument("--min-tokens", default=str(RECORD_LADDER_START), help="smallest hint corpus (e.g. 75M)")
     ap.add_argument("--max-tokens", default=None, help="largest hint corpus (e.g. 37B; default: all training tokens)")
-    ap.add_argument("--batch-size", type=int, default=8, help="validation sequences per forward")
+    ap.add_argument("--batch-size", type=int, default=None, help="validation sequences per forward (default: the run's)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="hint build/lookup worker threads")
     ap.add_argument("--out", default="runs/ablate", help="output directory")
     args = ap.parse_args(argv)
@@ -90,13 +89,13 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, train_args = load_model(args.checkpoint, device)
     train_files = args.train_files or train_args["train_files"]
-    val = read_tokens(args.val_files or train_args["val_files"], args.val_tokens or train_args["val_tokens"])
+    val = read_val_tokens(args.val_files or train_args["val_files"], args.val_tokens or train_args["val_tokens"])
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(train_files)
     sizes = ladder_sizes(max_tokens, parse_token_count(args.min_tokens))
     geom = Geometry.for_tokens(sizes[-1], lengths=tuple(train_args["hint_lengths"]))
     print(f"ablation: {args.checkpoint}, {len(val):,} val tokens, ladder {[human_tokens(n) for n in sizes]}, {geom.describe()}")
     seq_len = train_args["seq_len"]
-    kw = dict(seq_len=seq_len, batch_size=args.batch_size, device=device)
+    kw = dict(seq_len=seq_len, batch_size=args.batch_size or train_args["val_batch_size"], device=device)
 
     nohints = evaluate(model, val, None, **kw)["loss_nohints"]
     print(f"  no hints: val loss {nohints:.4f}")

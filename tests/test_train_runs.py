@@ -222,3 +222,22 @@ def test_val_index_used_when_no_background(corpus, tmp_path):
     assert s["val_index"] == "val-index" and s["hint_tokens_val"] == 100_000
     assert s["hint_tokens_train"] == 3 * 128
     assert "hints from: --val-index, 100.0k tokens | training index: 384 tokens" in Path(s["log_file"]).read_text()
+
+
+def test_ablation_writes_every_row_and_file(corpus, tmp_path):
+    """scripts/ablate.py on a checkpoint trained with hints: the no-hint row equals the run's own
+    final no-hint loss, every ladder size gets a row, and the largest hint corpus beats no hints."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import ablate
+    ck = tmp_path / "ck.pt"
+    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "40", "--batch-size", "4", "--val-every", "0",
+                                 "--save-checkpoint", str(ck), "--summary-json", str(tmp_path / "s.json")))
+    out = tmp_path / "ablate"
+    rows, nohints = ablate.main(["--checkpoint", str(ck), "--min-tokens", "12500", "--workers", "2", "--out", str(out)])
+    assert nohints == pytest.approx(s["val_loss_nohints"], abs=1e-6)
+    assert [r["hint_tokens"] for r in rows] == [12_500, 25_000, 50_000, 100_000]
+    assert rows[-1]["val_loss_hints"] < nohints
+    assert rows[-1]["coverage_6"] > rows[0]["coverage_6"]
+    for f in ("ablation.md", "ablation.csv", "ablation.json", "ablation.png"):
+        assert (out / f).stat().st_size > 0, f
+    assert (out / "ablation.md").read_text().count("\n") == 2 + 1 + len(rows)  # header, rule, no-hint row, sizes
