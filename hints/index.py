@@ -62,6 +62,19 @@ def alloc(shape, dtype):
     return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
 
+def balance(sizes, workers):
+    """Partitions split into `workers` groups of similar staged size: largest first, each to the
+    least-loaded group (the record: "the fullest partitions are processed first"). Any split
+    gives the same bytes; this one keeps the workers of stage 2 equally busy."""
+    loads = [0] * workers
+    groups = [[] for _ in range(workers)]
+    for p in np.argsort(-sizes, kind="stable"):
+        k = loads.index(min(loads))
+        groups[k].append(int(p))
+        loads[k] += int(sizes[p])
+    return [np.array(gr, dtype=np.int64) for gr in groups if gr]
+
+
 def prefault_zero(a, workers):
     """Zero a fresh array from all workers at once (touches every page: no faults later)."""
     flat = a.reshape(-1)
@@ -170,9 +183,10 @@ class HintIndex:
                 self._shifts, st["arena"], st["block_len"], st["block_next"], st["heads"][r], st["tails"][r],
                 r * st["blocks_per_range"], st["bursts"][r], st["burst_fills"][r]) for r in range(r0, r1)], w, w)
             t1 = time.perf_counter()
-            run_ranges(lambda p0, p1: kernels.stage2_place(  # stage 2: partitions split among workers
-                p0, p1, st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
-                g.bucket_bits, int(self._shifts[0]), self._dropped), g.n_partitions, w)
+            groups = balance(kernels.staged_sizes(st["heads"], st["block_len"], st["block_next"]), w)
+            run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
+                groups[k], st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
+                g.bucket_bits, int(self._shifts[0]), self._dropped) for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
             self.history = ext[-min(ext.size, max_len):].copy()

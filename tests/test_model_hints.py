@@ -11,13 +11,7 @@ ARCHS = ("speedrun", "gpt2")
 USED_KINDS = torch.tensor([3, 17, 42, 99])  # kind 0 (the clamp target for absent hints) is unused
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and spinning threads crawl on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_model(arch, seed=0):

@@ -14,13 +14,7 @@ MATRIX_SHAPES = [(16, 8), (16, 8), (16, 8), (8, 16), (12, 12)]  # uneven chunks:
 STEPS = 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from threads, and spinning threads crawl on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(arch):

@@ -25,12 +25,7 @@ NGRAM = np.arange(100, 120, dtype=np.uint16)  # a 20-gram that random filler nev
 FOLLOW = 7  # the token that follows it, first seen in step 1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(autouse=True)
