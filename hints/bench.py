@@ -19,7 +19,7 @@ from .index import HintIndex
 from .reference import ReferenceIndex
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPEATS = 2
+REPEATS = 3
 MIB = 1 << 20
 MEMORY_SLACK = 256 * MIB  # DESIGN.md: peak build RSS <= index + staging + 256 MiB
 
