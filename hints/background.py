@@ -98,7 +98,7 @@ def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, sta
                   eta_s=None, error=None, path=idx_path, geometry=geom_dict, workers=workers, started=time.time())
     try:
         geom = Geometry(**geom_dict)
-        idx = HintIndex(geom, workers=workers, path=idx_path)
+        idx = HintIndex(geom, workers=workers, path=idx_path).reserve(min(max_tokens, CHUNK_TOKENS))
         t0 = last = time.time()
         _write_status(status_path, status)
         for chunk in iter_chunks(train_files, max_tokens, CHUNK_TOKENS):

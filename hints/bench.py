@@ -75,7 +75,7 @@ def run_bench(train, query, geom=None, workers=2, ref_tokens=200_000, ref_query=
 
     build, alloc, stages, idx = {}, {}, {}, None
     for w in [1, workers] * REPEATS:
-        t_alloc, idx = _time(lambda: HintIndex(geom, workers=w))
+        t_alloc, idx = _time(lambda: HintIndex(geom, workers=w).reserve(train.size))  # table + staging
         t_build, _ = _time(lambda: idx.add(train))
         if t_build < build.get(w, np.inf):
             build[w], alloc[w], stages[w] = t_build, t_alloc, dict(idx.build_seconds)

@@ -152,6 +152,12 @@ class HintIndex:
         self._stage = st
         return st
 
+    def reserve(self, n_tokens):
+        """Allocate and pre-fault the staging area for add() calls of up to n_tokens now, rather
+        than in the first add(); it is reused by every later add()."""
+        self._staging(min(int(n_tokens), self.chunk_tokens))
+        return self
+
     def staging_bytes(self):
         """Bytes of the hint staging area (arena, chains, burst lines), not the input token buffer."""
         if self._stage is None:
