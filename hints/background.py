@@ -9,6 +9,8 @@ Failure is part of the contract: if the builder dies (killed, out of memory, bad
 `status()` says "failed" with the reason, and training goes on with its fallback index.
 The builder exits when its parent exits (PR_SET_PDEATHSIG, and a parent check between
 chunks), and `close()` removes the shared-memory files; so does the builder itself on SIGTERM.
+A finished builder stays (asleep) as the keeper of its files until the trainer closes it or
+dies, so not even a trainer killed with SIGKILL leaves shared memory behind.
 """
 import ctypes
 import json
@@ -28,6 +30,7 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
 CHUNK_TOKENS = 1 << 24       # tokens per add() call: status is refreshed after each chunk
 STATUS_EVERY_S = 1.0         # at most one status write per second
 PR_SET_PDEATHSIG = 1         # linux/prctl.h
+PARENT_POLL_S = 1.0          # a finished builder checks this often that its parent still runs
 
 
 def parse_token_count(text):
@@ -118,6 +121,10 @@ def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, sta
                       tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt,
                       hints_stored=idx.hints_stored, dropped=idx.dropped)
         _write_status(status_path, status)
+        # stay as the files' keeper: if the trainer dies without close(), remove them
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        cleanup_and_exit(signal.SIGTERM, None)
     except BaseException as e:  # report every failure; the trainer goes on without this index
         try:
             os.unlink(idx_path)  # a half-built index is of no use to anyone

@@ -96,9 +96,10 @@ def test_bad_shard_fails_with_its_name(tmp_path, shards):
         BackgroundBuilder(pattern, 70_000, geometry=GEOM, workers=1, log=lambda *a: None)
 
 
-def test_builder_exits_with_its_parent(shards, tmp_path):
+@pytest.mark.parametrize("tokens", [24_000_000, 60_000])  # killed while building / after it finished
+def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
     pattern, _ = shards
-    name = f"t{os.getpid()}c"
+    name = f"t{os.getpid()}c{tokens}"
     # a parent that starts a long build (the same 60k tokens again and again via a list of shards)
     files = sorted(glob.glob(pattern)) * 400
     script = tmp_path / "parent.py"
@@ -107,9 +108,9 @@ def test_builder_exits_with_its_parent(shards, tmp_path):
         f"sys.path.insert(0, {os.getcwd()!r})\n"
         "from hints.background import BackgroundBuilder\n"
         "from hints import Geometry\n"
-        f"b = BackgroundBuilder({files!r}, 24_000_000, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
+        f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
         "t = time.time()\n"
-        "while b.status()['state'] != 'running' and time.time() - t < 60: time.sleep(0.05)\n"
+        "while b.status()['state'] not in ('running', 'ready') and time.time() - t < 60: time.sleep(0.05)\n"
         "print(b.process.pid, flush=True)\n"
         "os._exit(0)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=WAIT_S)
