@@ -52,6 +52,12 @@ def as_tokens(tokens, name="tokens"):
     return a.astype(np.uint16)
 
 
+def default_chunk_tokens(geom, workers):
+    """Sub-chunk of add(): large enough that each range's partial last block per partition
+    adds at most STAGE_OVERHEAD to staging."""
+    return max(MIN_CHUNK_TOKENS, int(workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
+
+
 def alloc(shape, dtype):
     """An uninitialised array on fresh anonymous memory, with transparent huge pages asked for
     (fewer TLB misses on the random bucket accesses of stage 2 and lookup)."""
@@ -94,8 +100,7 @@ class HintIndex:
         self.tokens_added = 0
         self.history = np.zeros(0, dtype=np.uint16)
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
-        self.chunk_tokens = int(chunk_tokens or max(
-            MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD)))
+        self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         self._init_constants()
@@ -265,7 +270,7 @@ class HintIndex:
         self.history = hdr["history"]
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
-        self.chunk_tokens = max(MIN_CHUNK_TOKENS, int(self.workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
+        self.chunk_tokens = default_chunk_tokens(geom, self.workers)
         self._init_constants()
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
         self._dropped[0] = hdr["dropped"]
