@@ -250,14 +250,11 @@ class Prepared(NamedTuple):
     add_s: float              # adding the global batch to the index
 
 
-def hints_to_arrays(h, start, B, T):
-    """Hints (K, n) -> (B, T, K) int64 hinted tokens and kinds, dropping the first `start` positions."""
+def hints_to_arrays(h, B, T):
+    """Hints (K, B*T) -> (B, T, K) int64 hinted tokens and kinds."""
     K = h.token.shape[0]
-    tok = np.empty((B * T, K), dtype=np.int64)
-    kind = np.empty((B * T, K), dtype=np.int64)
-    tok[:] = h.token[:, start:].T
-    kind[:] = h.kind[:, start:].T
-    return tok.reshape(B, T, K), kind.reshape(B, T, K)
+    return (np.ascontiguousarray(h.token.T, dtype=np.int64).reshape(B, T, K),
+            np.ascontiguousarray(h.kind.T, dtype=np.int64).reshape(B, T, K))
 
 
 class HintPrep:
@@ -305,18 +302,14 @@ class HintPrep:
         t2 = t3 = t1
         if self.index is not None:
             g = batch.global_tokens
-            start, stop = r * B * T, (r + 1) * B * T
-            if start >= self.context:
-                query, skip = g[start - self.context:stop], self.context
-            else:
-                prefix = np.concatenate([self.tail, g[:start]])[-self.context:] if self.context else g[:0]
-                query, skip = np.concatenate([prefix, g[start:stop]]), len(prefix)
-            tok, kind = hints_to_arrays(self.index.lookup(query), skip, B, T)
+            stream = np.concatenate([self.tail, g])  # the previous step's end gives rank 0 its context
+            start = len(self.tail) + r * B * T
+            tok, kind = hints_to_arrays(self.index.lookup_span(stream, start, start + B * T), B, T)
             ht, hk = torch.from_numpy(tok), torch.from_numpy(kind)
             t2 = time.perf_counter()
             self.index.add(g)  # only now: the hints of this step came from earlier steps
             if self.context:
-                self.tail = np.concatenate([self.tail, g[-self.context:]])[-self.context:]
+                self.tail = stream[-self.context:].copy()
             t3 = time.perf_counter()
         if self.pin:
             x, y = x.pin_memory(), y.pin_memory()
@@ -431,11 +424,9 @@ def val_hints(index, val_tokens, start, stop):
     hit = _VAL_HINT_CACHE.get(key)
     if hit is not None:
         return hit[1], hit[2]
-    context = max(index.geom.lengths) - 1
-    lo = max(0, start - context)
-    h = index.lookup(val_tokens[lo:stop])
-    tok = np.ascontiguousarray(h.token[:, start - lo:].T)
-    kind = np.ascontiguousarray(h.kind[:, start - lo:].T)
+    h = index.lookup_span(val_tokens, start, stop)
+    tok = np.ascontiguousarray(h.token.T)
+    kind = np.ascontiguousarray(h.kind.T)
     while len(_VAL_HINT_CACHE) >= 2:
         _VAL_HINT_CACHE.pop(next(iter(_VAL_HINT_CACHE)))
     _VAL_HINT_CACHE[key] = (index, tok, kind)  # keeps the index alive, so its id stays unique

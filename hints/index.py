@@ -223,6 +223,15 @@ class HintIndex:
         tok, cnt, top = self.lookup_counts(tokens)
         return hints_from_counts(tok, cnt, top)
 
+    def lookup_span(self, stream, start, stop):
+        """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:
+        equal to lookup(stream) at those positions, but reads only the (longest length - 1)
+        tokens before start as context."""
+        lo = max(0, start - (max(self.geom.lengths) - 1))
+        h = self.lookup(stream[lo:stop])
+        k = start - lo
+        return Hints(token=h.token[:, k:], count=h.count[:, k:], purity=h.purity[:, k:], kind=h.kind[:, k:])
+
     # ---- persistence ----------------------------------------------------------------------
     def data_checksum(self):
         def checksum(words):

@@ -2,8 +2,8 @@
 per length, per kind, per count bucket and per purity bucket, for a token stream and an index.
 
 The hint at position t is for the token at t+1, so the last position of a stream is not
-scored. Long streams are looked up in chunks that overlap by the longest length, so every
-scored position sees its whole n-gram.
+scored. Long streams are looked up in chunks (HintIndex.lookup_span), so every scored
+position sees its whole n-gram.
 """
 import numpy as np
 
@@ -16,7 +16,6 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None):
     """Counts of scored positions, hinted positions and correct hints, per length and per kind."""
     tokens = np.asarray(tokens)
     K = index.geom.n_lengths
-    ctx = max(index.geom.lengths) - 1
     n_scored = max(0, tokens.size - 1)
     covered = np.zeros(K, dtype=np.int64)
     correct = np.zeros(K, dtype=np.int64)
@@ -24,9 +23,8 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None):
     kind_correct = np.zeros(n_kinds(K), dtype=np.int64)
     for a in range(0, n_scored, chunk):
         b = min(n_scored, a + chunk)
-        lo = max(0, a - ctx)
-        h = index.lookup(tokens[lo:b])
-        tok, kind = h.token[:, a - lo:], h.kind[:, a - lo:]
+        h = index.lookup_span(tokens, a, b)
+        tok, kind = h.token, h.kind
         nxt = tokens[a + 1:b + 1].astype(np.int32)
         has = tok >= 0
         right = has & (tok == nxt[None, :])
