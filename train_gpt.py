@@ -53,7 +53,7 @@ from data.loader import DistributedDataLoader, read_tokens, resolve_files  # noq
 from data.shards import shard_token_count  # noqa: E402
 from data.tokenizer import VOCAB_SIZE  # noqa: E402
 from hints import Geometry, HintIndex, n_kinds  # noqa: E402
-from hints.background import BackgroundBuilder  # noqa: E402
+from hints.background import BackgroundBuilder, parse_token_count  # noqa: E402
 from model import (GPT, GPTConfig, allreduce_grads, autocast_context, build_optimizers,  # noqa: E402
                    gpu_paths_enabled, lr_multiplier, maybe_compile)
 
@@ -162,8 +162,8 @@ def parse_args(argv=None):
                    help="training-index geometry: auto (Geometry.for_tokens of the run's training "
                    "tokens), a preset name (tiny, demo, laptop, record) or P,B,S")
     g.add_argument("--hint-workers", type=int, help="threads of the training-time index per rank")
-    g.add_argument("--hint-tokens", type=float,
-                   help="tokens of the background validation index (0 disables it; capped at the training shards)")
+    g.add_argument("--hint-tokens", type=parse_token_count,
+                   help="tokens of the background validation index, e.g. 75M, 1.2B, 37B (0 disables it; capped at the training shards)")
     g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index")
     g.add_argument("--val-index", help="a saved hint index to validate with (when no background index is ready)")
     g = p.add_argument_group("evaluation, logging, checkpoints")
@@ -184,7 +184,6 @@ def parse_args(argv=None):
     if args.arch == "gpt2" and not n_head_given and args.n_embd % (2 * GPT2_HEADS) == 0:
         args.n_head = GPT2_HEADS
     args.hint_lengths = tuple(int(v) for v in str(args.hint_lengths).split(","))
-    args.hint_tokens = int(args.hint_tokens)
     return args
 
 
