@@ -187,17 +187,6 @@ def parse_args(argv=None):
     return args
 
 
-def hint_geometry(spec, n_tokens, lengths):
-    """The training-time index geometry from --hint-geometry."""
-    if spec == "auto":
-        return Geometry.for_tokens(max(n_tokens, 1), lengths=lengths)
-    if "," in spec:
-        pb, bb, s = (int(v) for v in spec.split(","))
-        return Geometry(pb, bb, s, lengths)
-    g = Geometry.preset(spec)
-    return dataclasses.replace(g, lengths=lengths)
-
-
 # ----------------------------------------------------------------------------------------
 # Logging
 
@@ -714,7 +703,7 @@ def main(argv=None):
     # -- hint indexes ----------------------------------------------------------------------------
     index = None
     if not args.no_hints:
-        geom = hint_geometry(args.hint_geometry, total_train_tokens, lengths)
+        geom = Geometry.parse(args.hint_geometry, total_train_tokens, lengths)
         index = HintIndex(geom, workers=args.hint_workers)
         log(f"training-time hint index (per rank): {geom.describe()}, {args.hint_workers} worker(s)")
     else:

@@ -13,20 +13,6 @@ from .stats import format_stats, hint_stats
 from .tokens import count_tokens, iter_chunks, read_all
 
 
-def parse_geometry(spec, n_tokens=None, lengths=(6, 10, 20)):
-    """A preset name, 'auto' (sized for n_tokens) or 'P,B,S' (partition bits, bucket bits, slots)."""
-    if spec == "auto":
-        return Geometry.for_tokens(n_tokens, lengths=lengths)
-    if spec in PRESETS:
-        g = Geometry.preset(spec)
-        return Geometry(g.partition_bits, g.bucket_bits, g.slots, lengths)
-    try:
-        p, b, s = (int(x) for x in spec.split(","))
-    except ValueError:
-        raise SystemExit(f"--geometry {spec!r}: expected a preset ({', '.join(PRESETS)}), 'auto' or 'P,B,S'") from None
-    return Geometry(p, b, s, lengths)
-
-
 def parse_lengths(spec):
     try:
         return tuple(int(x) for x in spec.split(","))
@@ -36,7 +22,7 @@ def parse_lengths(spec):
 
 def cmd_build(args):
     n = count_tokens(args.tokens, args.max_tokens)
-    geom = parse_geometry(args.geometry, n, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, n, parse_lengths(args.lengths))
     print(f"building {geom.describe()} from {n:,} tokens with {args.workers} worker(s)")
     idx = HintIndex(geom, workers=args.workers, path=args.out if args.in_place else None)
     t = time.perf_counter()
@@ -102,7 +88,7 @@ def cmd_bench(args):
         corpus = build_local_corpus(max_train_tokens=args.max_tokens)
         train = read_all(corpus["train_pattern"], args.max_tokens)
         query = read_all(corpus["val_pattern"], args.query_tokens)
-    geom = parse_geometry(args.geometry, train.size, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, train.size, parse_lengths(args.lengths))
     res = run_bench(train, query, geom=geom, workers=args.workers, ref_tokens=args.ref_tokens)
     print()
     print(format_table(res))
@@ -117,7 +103,7 @@ def cmd_scaling(args):
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(args.train)
     sizes = ladder_sizes(max_tokens, parse_token_count(args.min_tokens))
     val = read_all(args.val, args.val_tokens)
-    geom = parse_geometry(args.geometry, max_tokens, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, max_tokens, parse_lengths(args.lengths))
     print(f"hint-corpus ladder {[f'{n:,}' for n in sizes]} over {args.train}; {val.size:,} validation tokens")
     run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
 

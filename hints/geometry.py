@@ -163,6 +163,20 @@ class Geometry:
         partition_bits = total_bits - bucket_bits
         return cls(partition_bits, bucket_bits, slots, lengths)
 
+    @classmethod
+    def parse(cls, spec, n_tokens=None, lengths=(6, 10, 20)):
+        """A geometry from text: a preset name, 'auto' (for_tokens(n_tokens)) or 'P,B,S'
+        (partition bits, bucket bits, slots), with the given n-gram lengths."""
+        if spec == "auto":
+            return cls.for_tokens(n_tokens, lengths=lengths)
+        if spec in PRESETS:
+            return dataclasses.replace(PRESETS[spec], lengths=tuple(lengths))
+        try:
+            p, b, s = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise ValueError(f"geometry {spec!r}: expected a preset ({', '.join(PRESETS)}), 'auto' or 'P,B,S'") from None
+        return cls(p, b, s, tuple(lengths))
+
     def check_fits_memory(self, what="hint index", available=None):
         """Refuse, before allocating anything, a table larger than the machine can hold."""
         available = available_memory_bytes() if available is None else available

@@ -404,3 +404,14 @@ def test_flipped_data_byte_refused(saved, where):
     with pytest.raises(ValueError, match=f"{saved}.*checksum"):
         HintIndex.load(saved, mmap=True, verify=True)
     HintIndex.load(saved, mmap=True)  # a plain map reads the header only (documented)
+
+
+def test_geometry_parse():
+    assert Geometry.parse("4,8,16", lengths=(2, 3)) == Geometry(4, 8, 16, (2, 3))
+    assert Geometry.parse("record").table_bytes == 352 << 30
+    assert Geometry.parse("tiny", lengths=(4,)).lengths == (4,)
+    assert Geometry.parse("auto", 1_000_000) == Geometry.for_tokens(1_000_000)
+    with pytest.raises(ValueError, match="'huge'"):
+        Geometry.parse("huge")
+    with pytest.raises(ValueError, match="slots=7"):
+        Geometry.parse("4,8,7")
