@@ -93,17 +93,7 @@ class HintIndex:
             geom = Geometry.preset(geom)
         if int(workers) < 1:
             raise ValueError(f"workers={workers}: expected >= 1")
-        self.geom = geom
-        self.workers = int(workers)
-        self.path = path
-        self.readonly = False
-        self.tokens_added = 0
-        self.history = np.zeros(0, dtype=np.uint16)
-        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
-        self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
-        self._stage = None
-        self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
-        self._init_constants()
+        self._init_state(geom, workers, path, chunk_tokens)
         if path is None:
             geom.check_fits_memory()
             self.fill = alloc((geom.n_partitions, geom.n_buckets), np.uint16)
@@ -115,7 +105,17 @@ class HintIndex:
             store.create_file(path, geom)
             self.fill, self.table = store.map_arrays(path, geom, "r+")
 
-    def _init_constants(self):
+    def _init_state(self, geom, workers, path, chunk_tokens=None, tokens_added=0, history=None, dropped=0):
+        """Everything but the table: shared by a new index and a loaded one."""
+        self.geom, self.workers, self.path = geom, int(workers), path
+        self.readonly = False
+        self.tokens_added = int(tokens_added)
+        self.history = np.zeros(0, dtype=np.uint16) if history is None else history
+        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
+        self._dropped[0] = dropped
+        self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
+        self._stage = None
+        self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         g = self.geom
         self._lengths = np.array(g.lengths, dtype=np.int64)
         self._pows = np.array([pow(int(kernels.HASH_MULT), L, 1 << 64) for L in g.lengths], dtype=np.uint64)
@@ -274,15 +274,8 @@ class HintIndex:
         hdr = store.read_header(path)
         geom = hdr["geometry"]
         self = cls.__new__(cls)
-        self.geom, self.workers, self.path = geom, int(workers), path
-        self.tokens_added = hdr["tokens_added"]
-        self.history = hdr["history"]
-        self._stage = None
-        self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
-        self.chunk_tokens = default_chunk_tokens(geom, self.workers)
-        self._init_constants()
-        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)
-        self._dropped[0] = hdr["dropped"]
+        self._init_state(geom, workers, path, tokens_added=hdr["tokens_added"], history=hdr["history"],
+                         dropped=hdr["dropped"])
         if mmap:
             self.fill, self.table = store.map_arrays(path, geom, "r")
             self.readonly = True
@@ -291,7 +284,6 @@ class HintIndex:
             fill, table = store.map_arrays(path, geom, "r")
             self.fill, self.table = alloc(fill.shape, np.uint16), alloc(table.shape, np.uint64)
             self.fill[:], self.table[:] = fill, table
-            self.readonly = False
             self.path = None
             verify = True if verify is None else verify
         if verify:
