@@ -126,3 +126,14 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
         os.kill(pid, signal.SIGKILL)
         raise AssertionError("builder outlived its parent")
     assert leftovers(name) == []
+
+
+def test_close_stops_a_paused_builder_through_its_own_cleanup(shards):
+    pattern, _ = shards
+    b = BackgroundBuilder(pattern, 60_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d", log=lambda *a: None)
+    b.start()
+    wait_for(b, states=("running", "ready"))  # its SIGTERM handler is installed by now
+    os.kill(b.process.pid, signal.SIGSTOP)
+    b.close()
+    assert b.process.returncode == 128 + signal.SIGTERM  # exited via its handler, not SIGKILL after a timeout
+    assert leftovers(b.name) == []

@@ -20,7 +20,8 @@ def corpus(tmp_path):
     toks = rng.integers(0, 12, size=40_000).astype(np.uint16)
     write_shard(tmp_path / "train_000000.bin", toks[:15_000])
     write_shard(tmp_path / "train_000001.bin", toks[15_000:])
-    val = rng.integers(0, 12, size=5_000).astype(np.uint16)
+    # half a passage seen in training (long hints, mostly right), half fresh text
+    val = np.concatenate([toks[5_000:7_500], rng.integers(0, 12, size=2_500).astype(np.uint16)])
     return str(tmp_path / "train_*.bin"), toks, val
 
 
@@ -63,6 +64,7 @@ def test_stats_agree_with_direct_count(corpus):
     assert st["positions"] == val.size - 1
     assert st["covered"] == has.sum(axis=1).tolist()
     assert st["correct"] == right.sum(axis=1).tolist()
+    assert min(st["correct"]) > 1000  # the seen passage: every length hints, and is scored against the next token
     kc = np.bincount(ref.kind[has], minlength=len(st["kind_covered"]))
     kr = np.bincount(ref.kind[right], minlength=len(st["kind_correct"]))
     assert st["kind_covered"] == kc.tolist() and st["kind_correct"] == kr.tolist()
