@@ -21,28 +21,18 @@ import sys
 import time
 import traceback
 
-from .geometry import Geometry
+from data.loader import CHUNK_TOKENS
+from data.units import human_tokens, parse_token_count
+
+from .geometry import DEFAULT_LENGTHS, Geometry
 from .index import HintIndex
 from .tokens import count_tokens, iter_chunks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-CHUNK_TOKENS = 1 << 24       # tokens per add() call: status is refreshed after each chunk
 STATUS_EVERY_S = 1.0         # at most one status write per second
 PR_SET_PDEATHSIG = 1         # linux/prctl.h
 PARENT_POLL_S = 1.0          # a finished builder checks this often that its parent still runs
-
-
-def parse_token_count(text):
-    """'75M', '1.2B', '37B', '4096' or 1.2e9 -> an int token count."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    s = str(text).strip().upper().replace("_", "").replace(",", "")
-    mult = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}.get(s[-1:], 1)
-    try:
-        return int(float(s[:-1] if mult > 1 else s) * mult)
-    except ValueError:
-        raise ValueError(f"token count {text!r}: expected a number like 75M, 1.2B or 37B") from None
 
 
 def paths(name):
@@ -144,14 +134,14 @@ def default_cpus(reserve):
 class BackgroundBuilder:
     """Build an index of the first max_tokens training tokens in a separate process."""
 
-    def __init__(self, train_files, max_tokens, geometry=None, workers=None, name=None, cpus=None,
-                 reserve_cpus=0, log=print):
+    def __init__(self, train_files, max_tokens, geometry=None, lengths=DEFAULT_LENGTHS, workers=None, name=None,
+                 cpus=None, reserve_cpus=0, log=print):
         available = count_tokens(train_files)
         self.max_tokens = parse_token_count(max_tokens)
         if available < self.max_tokens:
             log(f"background hints: asked for {self.max_tokens:,} tokens, the training shards hold {available:,}; using all")
             self.max_tokens = available
-        self.geometry = geometry or Geometry.for_tokens(self.max_tokens)
+        self.geometry = geometry or Geometry.for_tokens(self.max_tokens, lengths=lengths)
         self.cpus = list(cpus) if cpus is not None else default_cpus(reserve_cpus)
         self.workers = int(workers or len(self.cpus))
         self.train_files = train_files
@@ -159,7 +149,6 @@ class BackgroundBuilder:
         self.idx_path, self.status_path = paths(self.name)
         self.log = log
         self.process = None
-        self._announced = False
 
     def start(self):
         self.geometry.check_fits_memory(what="background hint index (shared memory)")
@@ -177,7 +166,7 @@ class BackgroundBuilder:
     def attach(cls, name, log=print):
         """A handle on a builder another process started (for status/ready/open only)."""
         self = cls.__new__(cls)
-        self.name, self.log, self.process, self._announced = name, log, None, False
+        self.name, self.log, self.process = name, log, None
         self.idx_path, self.status_path = paths(name)
         return self
 
@@ -196,6 +185,13 @@ class BackgroundBuilder:
     def ready(self):
         return self.status()["state"] == "ready"
 
+    def wait(self, timeout_s, poll_s=0.5):
+        """Wait up to timeout_s while the build is starting or running; the state it ended in."""
+        deadline = time.monotonic() + timeout_s
+        while (state := self.status()["state"]) in ("starting", "running") and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return state
+
     def open(self, workers=1):
         """The finished index, mapped read-only from shared memory."""
         st = self.status()
@@ -204,16 +200,18 @@ class BackgroundBuilder:
         return HintIndex.load(self.idx_path, mmap=True, workers=workers)
 
     def describe(self):
+        """One line for logs: 'starting', progress with rate and ETA, 'ready (N tokens)' or 'failed (why)'."""
         st = self.status()
-        if st["state"] == "ready":
-            return f"ready: {st['tokens_done']:,} tokens in {st.get('seconds', 0):.1f}s"
-        if st["state"] == "failed":
-            return f"FAILED: {st['error']}"
-        if st["state"] == "starting":
+        state = st["state"]
+        if state == "ready":
+            return f"ready ({human_tokens(st['tokens_done'])} tokens in {st.get('seconds', 0):.1f}s)"
+        if state == "failed":
+            return f"failed ({st['error']})"
+        if state == "starting":
             return "starting"
-        eta = f", ETA {st['eta_s']:.0f}s" if st.get("eta_s") is not None else ""
-        return (f"{st['tokens_done'] / 1e6:,.0f}M/{(st['tokens_total'] or 0) / 1e6:,.0f}M tokens, "
-                f"{st['tokens_per_s'] / 1e6:.0f}M tok/s{eta}")
+        eta = f", eta {st['eta_s']:.0f}s" if st.get("eta_s") is not None else ""
+        return (f"{human_tokens(st['tokens_done'])}/{human_tokens(st['tokens_total'] or 0)} tokens, "
+                f"{human_tokens(st['tokens_per_s'])} tok/s{eta}")
 
     def close(self):
         """Stop the builder if it still runs and remove its shared memory (idempotent). Only the
@@ -239,6 +237,25 @@ class BackgroundBuilder:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def start_for_node(train_files, max_tokens, lengths, name, owner, barrier, log, reserve_cpus=0):
+    """The node's background index for a training run: the owner (local rank 0) starts the
+    builder, then, after `barrier()`, every other local rank attaches by name. Never raises: a
+    builder that cannot start is logged and None comes back, and validation falls back."""
+    handle, error = None, None
+    if owner:
+        try:
+            handle = BackgroundBuilder(train_files, max_tokens, lengths=lengths, name=name, log=log,
+                                       reserve_cpus=reserve_cpus).start()
+        except Exception as e:  # noqa: BLE001 - reported; the run goes on without it
+            error = f"{type(e).__name__}: {e}"
+    barrier()
+    if not owner:
+        handle = BackgroundBuilder.attach(name, log=log)
+    if error:
+        log(f"background index: not building ({error}); validation falls back to the other indexes")
+    return handle
 
 
 if __name__ == "__main__":

@@ -7,22 +7,18 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from .geometry import PRESETS, Geometry
+from data.loader import SPEEDRUN_VAL_TOKENS
+from data.units import parse_token_count
+
+from .geometry import DEFAULT_LENGTHS, PRESETS, Geometry, parse_lengths
 from .index import HintIndex
 from .stats import format_stats, hint_stats
 from .tokens import count_tokens, iter_chunks, read_all
 
 
-def parse_lengths(spec):
-    try:
-        return tuple(int(x) for x in spec.split(","))
-    except ValueError:
-        raise SystemExit(f"--lengths {spec!r}: expected comma-separated integers like 6,10,20") from None
-
-
 def cmd_build(args):
     n = count_tokens(args.tokens, args.max_tokens)
-    geom = Geometry.parse(args.geometry, n, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, n, args.lengths)
     print(f"building {geom.describe()} from {n:,} tokens with {args.workers} worker(s)")
     idx = HintIndex(geom, workers=args.workers, path=args.out if args.in_place else None)
     t = time.perf_counter()
@@ -88,7 +84,7 @@ def cmd_bench(args):
         corpus = build_local_corpus(max_train_tokens=args.max_tokens)
         train = read_all(corpus["train_pattern"], args.max_tokens)
         query = read_all(corpus["val_pattern"], args.query_tokens)
-    geom = Geometry.parse(args.geometry, train.size, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, train.size, args.lengths)
     res = run_bench(train, query, geom=geom, workers=args.workers, ref_tokens=args.ref_tokens)
     print()
     print(format_table(res))
@@ -98,12 +94,11 @@ def cmd_bench(args):
 
 
 def cmd_scaling(args):
-    from .background import parse_token_count
     from .scaling import ladder_sizes, run_scaling
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(args.train)
     sizes = ladder_sizes(max_tokens, parse_token_count(args.min_tokens))
     val = read_all(args.val, args.val_tokens)
-    geom = Geometry.parse(args.geometry, max_tokens, parse_lengths(args.lengths))
+    geom = Geometry.parse(args.geometry, max_tokens, args.lengths)
     print(f"hint-corpus ladder {[f'{n:,}' for n in sizes]} over {args.train}; {val.size:,} validation tokens")
     run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
 
@@ -114,14 +109,14 @@ def main(argv=None):
 
     def common(p, tokens_required=True):
         p.add_argument("--tokens", required=tokens_required, help="token shards (.bin glob, llm.c format) or .npy file(s)")
-        p.add_argument("--max-tokens", type=int, default=None, help="use at most this many tokens")
+        p.add_argument("--max-tokens", type=parse_token_count, default=None, help="use at most this many tokens (e.g. 75M)")
         p.add_argument("--workers", type=int, default=2, help="worker threads (nogil Numba kernels)")
 
     p = sub.add_parser("build", help="build an index from token shards and save it")
     common(p)
     p.add_argument("--out", required=True, help="index file to write (a path under /dev/shm is shared memory)")
     p.add_argument("--geometry", default="auto", help="preset (" + ", ".join(PRESETS) + "), 'auto' (sized for the tokens) or 'P,B,S'")
-    p.add_argument("--lengths", default="6,10,20", help="n-gram lengths, increasing")
+    p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--in-place", action="store_true", help="build directly in the --out file instead of in memory")
     p.set_defaults(fn=cmd_build)
 
@@ -148,18 +143,18 @@ def main(argv=None):
     p.add_argument("--query-tokens", type=int, default=1_000_000)
     p.add_argument("--ref-tokens", type=int, default=200_000, help="tokens the plain-Python builder is timed on")
     p.add_argument("--geometry", default="auto")
-    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("scaling", help="coverage/accuracy of hints on validation tokens vs hint-corpus size (table, CSV, JSON, plots)")
     p.add_argument("--train", required=True, help="training shards the hint corpus comes from (.bin glob)")
     p.add_argument("--val", required=True, help="validation shards (.bin glob)")
-    p.add_argument("--val-tokens", type=int, default=10_485_760, help="first N validation tokens (default: the speedrun's 10,485,760)")
+    p.add_argument("--val-tokens", type=parse_token_count, default=SPEEDRUN_VAL_TOKENS, help="first N validation tokens (default: the speedrun's)")
     p.add_argument("--min-tokens", default="75M", help="smallest hint corpus of the doubling ladder (e.g. 75M)")
     p.add_argument("--max-tokens", default=None, help="largest hint corpus (e.g. 37B; default: all training tokens)")
     p.add_argument("--geometry", default="auto")
-    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", default="runs/scaling", help="output directory")
     p.set_defaults(fn=cmd_scaling)

@@ -47,6 +47,21 @@ MAX_MEMORY_FRACTION = 0.9
 TARGET_LOAD = 0.5
 
 
+# The article's n-gram lengths: every CLI, the trainer, scaling and ablation default to them.
+DEFAULT_LENGTHS = (6, 10, 20)
+
+
+def parse_lengths(spec):
+    """'6,10,20' (or a sequence of ints) -> (6, 10, 20)."""
+    try:
+        lengths = tuple(int(x) for x in (spec.split(",") if isinstance(spec, str) else spec))
+    except ValueError:
+        raise ValueError(f"n-gram lengths {spec!r}: expected comma-separated integers like 6,10,20") from None
+    if not lengths:
+        raise ValueError(f"n-gram lengths {spec!r}: expected at least one length")
+    return lengths
+
+
 def available_memory_bytes():
     """Memory the OS says is available now (MemAvailable), or None where unknown."""
     try:
@@ -76,7 +91,7 @@ class Geometry:
     partition_bits: int = 14
     bucket_bits: int = 14
     slots: int = 176
-    lengths: tuple = (6, 10, 20)
+    lengths: tuple = DEFAULT_LENGTHS
 
     def __post_init__(self):
         object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
@@ -149,7 +164,7 @@ class Geometry:
             raise ValueError(f"unknown geometry preset {name!r}: expected one of {sorted(PRESETS)}") from None
 
     @classmethod
-    def for_tokens(cls, n_tokens, slots=176, lengths=(6, 10, 20), load=TARGET_LOAD, max_bucket_bits=14):
+    def for_tokens(cls, n_tokens, slots=176, lengths=DEFAULT_LENGTHS, load=TARGET_LOAD, max_bucket_bits=14):
         """Smallest geometry holding n_tokens at `load` tokens per slot (power-of-two sizes).
 
         Buckets grow first up to 2^max_bucket_bits per partition (the record's 2^14, so a
@@ -164,7 +179,7 @@ class Geometry:
         return cls(partition_bits, bucket_bits, slots, lengths)
 
     @classmethod
-    def parse(cls, spec, n_tokens=None, lengths=(6, 10, 20)):
+    def parse(cls, spec, n_tokens=None, lengths=DEFAULT_LENGTHS):
         """A geometry from text: a preset name, 'auto' (for_tokens(n_tokens)) or 'P,B,S'
         (partition bits, bucket bits, slots), with the given n-gram lengths."""
         if spec == "auto":
@@ -189,11 +204,11 @@ class Geometry:
 
 PRESETS = {
     # The record: 2^14 x 2^14 x 176 x 8 bytes = 352 GiB (article, "Hint corpus details").
-    "record": Geometry(14, 14, 176, (6, 10, 20)),
+    "record": Geometry(14, 14, 176, DEFAULT_LENGTHS),
     # 1.5 GiB, ~90M tokens at load 0.5: a laptop, or benchmarks on a small machine.
-    "laptop": Geometry(8, 12, 176, (6, 10, 20)),
+    "laptop": Geometry(8, 12, 176, DEFAULT_LENGTHS),
     # 92 MiB, ~6M tokens at load 0.5: the CPU demo on a local corpus.
-    "demo": Geometry(6, 10, 176, (6, 10, 20)),
+    "demo": Geometry(6, 10, 176, DEFAULT_LENGTHS),
     # Tests: 16 x 256 x 16 slots = 512 KiB.
-    "tiny": Geometry(4, 8, 16, (6, 10, 20)),
+    "tiny": Geometry(4, 8, 16, DEFAULT_LENGTHS),
 }

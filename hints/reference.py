@@ -10,6 +10,7 @@ drops included, and find checksum collisions.
 import numpy as np
 
 from . import kernels
+from .geometry import DEFAULT_LENGTHS
 from .index import Hints
 from .kinds import kind_of
 
@@ -23,7 +24,7 @@ _BUCKET_MULT = int(kernels.BUCKET_MULT)
 class ReferenceIndex:
     """Exact n-gram follower lists; same stream and lookup semantics as HintIndex."""
 
-    def __init__(self, lengths=(6, 10, 20)):
+    def __init__(self, lengths=DEFAULT_LENGTHS):
         self.lengths = tuple(lengths)
         self.followers = [dict() for _ in self.lengths]
         self.tail = []

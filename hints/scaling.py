@@ -7,12 +7,12 @@ coverage and accuracy of a validation stream per length, count bucket and purity
 37B"), and writes a Markdown table, JSON, CSV and plots. `scripts/ablate.py` uses the same
 pass to evaluate a checkpoint's validation loss at every size.
 """
-import csv
-import json
-import os
+
+from data.units import human_tokens
 
 from .geometry import Geometry
 from .index import HintIndex
+from .report import markdown_table, write_report
 from .stats import grouped, hint_stats
 from .tokens import count_tokens, iter_chunks
 
@@ -69,74 +69,62 @@ def scaling_rows(stats_by_size):
     return rows
 
 
-def write_scaling(rows, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    with open(os.path.join(out_dir, "scaling.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+def scaling_table(rows):
     main = [r for r in rows if r["by"] == "all"]
     lengths = sorted({r["length"] for r in main})
-    sizes = sorted({r["hint_tokens"] for r in main})
-    md = ["| hint tokens | " + " | ".join(f"{L}-gram coverage | {L}-gram accuracy" for L in lengths) + " |",
-          "|---|" + "---|---|" * len(lengths)]
-    for n in sizes:
-        cells = []
-        for L in lengths:
-            r = next(r for r in main if r["hint_tokens"] == n and r["length"] == L)
-            cells.append(f"{r['coverage']:.2%} | {r['accuracy']:.1%}")
-        md.append(f"| {human_tokens(n)} | " + " | ".join(cells) + " |")
-    with open(os.path.join(out_dir, "scaling.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    plot_scaling(rows, out_dir)
-    return "\n".join(md)
+    cells = []
+    for n in sorted({r["hint_tokens"] for r in main}):
+        by_length = {r["length"]: r for r in main if r["hint_tokens"] == n}
+        cells.append([human_tokens(n)] + [f"{by_length[L][k]:{fmt}}" for L in lengths
+                                          for k, fmt in (("coverage", ".2%"), ("accuracy", ".1%"))])
+    return markdown_table(["hint tokens"] + [f"{L}-gram {what}" for L in lengths for what in ("coverage", "accuracy")],
+                          cells)
 
 
-def human_tokens(n):
-    for unit, v in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= v:
-            return f"{n / v:.3g}{unit}"
-    return str(n)
-
-
-def plot_scaling(rows, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_coverage(rows):
     main = [r for r in rows if r["by"] == "all"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for L in sorted({r["length"] for r in main}):
-        pts = sorted((r["hint_tokens"], r["coverage"], r["accuracy"]) for r in main if r["length"] == L)
-        xs = [p[0] for p in pts]
-        axes[0].plot(xs, [100 * p[1] for p in pts], marker="o", label=f"{L}-gram")
-        axes[1].plot(xs, [100 * p[2] for p in pts], marker="o", label=f"{L}-gram")
-    for ax, title in zip(axes, ("coverage: validation positions with a hint (%)", "accuracy: hint = next token (%)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("hint corpus (training tokens)")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "scaling.png"), dpi=120)
-    plt.close(fig)
 
-    # accuracy by count and purity bucket at the largest size: how much each kind can be trusted
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for L in sorted({r["length"] for r in main}):
+            pts = sorted((r["hint_tokens"], r["coverage"], r["accuracy"]) for r in main if r["length"] == L)
+            xs = [p[0] for p in pts]
+            axes[0].plot(xs, [100 * p[1] for p in pts], marker="o", label=f"{L}-gram")
+            axes[1].plot(xs, [100 * p[2] for p in pts], marker="o", label=f"{L}-gram")
+        for ax, title in zip(axes, ("coverage: validation positions with a hint (%)", "accuracy: hint = next token (%)")):
+            ax.set_xscale("log")
+            ax.set_xlabel("hint corpus (training tokens)")
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        return fig
+    return draw
+
+
+def plot_buckets(rows):
+    """Accuracy by count and purity bucket at the largest size: how much each kind can be trusted."""
     n = max(r["hint_tokens"] for r in rows)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, by in zip(axes, ("count", "purity")):
-        for L in sorted({r["length"] for r in rows}):
-            sel = [r for r in rows if r["hint_tokens"] == n and r["by"] == by and r["length"] == L and r["covered"]]
-            ax.plot([r["bucket"] for r in sel], [100 * r["accuracy"] for r in sel], marker="o", label=f"{L}-gram")
-        ax.set_xlabel(f"{by} bucket")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_title(f"hint accuracy by {by} ({human_tokens(n)} hint tokens)")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "scaling_buckets.png"), dpi=120)
-    plt.close(fig)
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, by in zip(axes, ("count", "purity")):
+            for L in sorted({r["length"] for r in rows}):
+                sel = [r for r in rows if r["hint_tokens"] == n and r["by"] == by and r["length"] == L and r["covered"]]
+                ax.plot([r["bucket"] for r in sel], [100 * r["accuracy"] for r in sel], marker="o", label=f"{L}-gram")
+            ax.set_xlabel(f"{by} bucket")
+            ax.set_ylabel("accuracy (%)")
+            ax.set_title(f"hint accuracy by {by} ({human_tokens(n)} hint tokens)")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        return fig
+    return draw
+
+
+def write_scaling(rows, out_dir):
+    table = scaling_table(rows)
+    write_report(out_dir, "scaling", rows, table,
+                 plots=[("scaling.png", plot_coverage(rows)), ("scaling_buckets.png", plot_buckets(rows))])
+    return table
 
 
 def run_scaling(train_files, val_tokens, sizes, out_dir, geometry=None, workers=2, log=print):

@@ -5,10 +5,8 @@ import os
 
 import numpy as np
 
-from data.loader import iter_tokens, resolve_files
+from data.loader import CHUNK_TOKENS, iter_tokens, resolve_files
 from data.shards import shard_token_count
-
-CHUNK_TOKENS = 1 << 24  # tokens per chunk handed to HintIndex.add (32 MiB of uint16)
 
 
 def _is_npy(pattern):

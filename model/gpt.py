@@ -46,7 +46,7 @@ class GPTConfig:
     arch: str = "speedrun"          # "speedrun" or "gpt2"
     max_seq_len: int = 1024         # rotary table / learned position embedding length
     n_hint_lengths: int = 3         # K: hints per position (one per n-gram length)
-    n_hint_kinds: int = 126         # 3 lengths x 7 count buckets x 6 purity buckets
+    n_hint_kinds: int = 0           # required: the hint index's kind count, hints.n_kinds(n_hint_lengths)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
 
     def __post_init__(self):
@@ -56,6 +56,9 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
         if self.n_layer < 2:
             raise ValueError("n_layer must be >= 2 (the middle hint injection sits between layers)")
+        if self.n_hint_kinds <= 0:
+            raise ValueError(f"n_hint_kinds={self.n_hint_kinds}: pass the hint index's kind count "
+                             f"(hints.n_kinds(n_hint_lengths))")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -174,6 +177,14 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=GPT2_INIT_STD)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward): 6 per matmul weight, plus attention's
+        12 x layers x width x seq_len (PaLM, Chowdhery et al. 2022, appendix B). Embedding
+        lookups are not matmuls; the LM head is, tied or not."""
+        n_matmul = sum(p.numel() for n, p in self.named_parameters() if n.startswith("blocks.") and p.ndim >= 2)
+        n_matmul += self.lm_head.weight.numel()
+        return 6 * n_matmul + 12 * self.cfg.n_layer * self.cfg.n_embd * seq_len
 
     def _hint_vector(self, idx, hint_tokens, hint_kinds):
         if hint_tokens is None and hint_kinds is None:

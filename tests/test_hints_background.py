@@ -6,13 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from data.shards import write_shard
 from hints import Geometry, HintIndex
-from hints.background import SHM_DIR, BackgroundBuilder, parse_token_count
+from data.units import parse_token_count
+from hints.background import SHM_DIR, BackgroundBuilder
 
 GEOM = Geometry(4, 8, 16)
 WAIT_S = 120  # generous: the child imports numba and loads cached kernels
@@ -105,7 +107,6 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time, os\n"
-        f"sys.path.insert(0, {os.getcwd()!r})\n"
         "from hints.background import BackgroundBuilder\n"
         "from hints import Geometry\n"
         f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
@@ -113,7 +114,8 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
         "while b.status()['state'] not in ('running', 'ready') and time.time() - t < 60: time.sleep(0.05)\n"
         "print(b.process.pid, flush=True)\n"
         "os._exit(0)\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=WAIT_S)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # the checkout's packages
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=WAIT_S, env=env)
     pid = int(out.stdout.split()[-1])
     t = time.time()
     while time.time() - t < 30:

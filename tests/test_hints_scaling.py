@@ -83,6 +83,6 @@ def test_write_scaling_outputs(corpus, tmp_path):
     table = write_scaling(rows, str(out))
     for f in ("scaling.md", "scaling.json", "scaling.csv", "scaling.png", "scaling_buckets.png"):
         assert os.path.getsize(out / f) > 0, f
-    assert "10K" in table and "40K" in table
+    assert "10k" in table and "40k" in table
     cov = {(r["hint_tokens"], r["length"]): r["coverage"] for r in rows if r["by"] == "all"}
     assert all(cov[(40_000, L)] >= cov[(10_000, L)] for L in GEOM.lengths)  # more corpus, more hints

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hints import n_kinds
 from model import GPT, GPTConfig, Muon, allreduce_grads, build_optimizers, lr_multiplier
 
 WORLD_SIZE = 2
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(arch):
-    return GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, arch=arch, max_seq_len=16)
+    return GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, arch=arch, max_seq_len=16, n_hint_kinds=n_kinds(3))
 
 
 @pytest.mark.parametrize("shape", [(48, 24), (24, 48), (32, 32)])
@@ -96,7 +97,7 @@ def gpt_batch(rank, step):
     g = torch.Generator().manual_seed(1000 * step + rank)
     idx = torch.randint(0, 256, (2, 16), generator=g)
     hints = torch.randint(-1, 256, (2, 16, 3), generator=g)
-    kinds = torch.randint(0, 126, (2, 16, 3), generator=g).masked_fill(hints < 0, -1)
+    kinds = torch.randint(0, n_kinds(3), (2, 16, 3), generator=g).masked_fill(hints < 0, -1)
     return idx, idx.roll(-1, 1), hints, kinds
 
 
