@@ -9,67 +9,52 @@ log x-axis) to --out, and prints the table.
     python scripts/ablate.py --checkpoint runs/demo.pt --min-tokens 500K --out runs/ablate
 """
 import argparse
-import csv
-import json
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data.units import human_tokens, parse_token_count
+from hints import Geometry
+from hints.report import markdown_table, write_report
+from hints.scaling import RECORD_LADDER_START, ladder_sizes, run_ladder
+from hints.stats import hint_stats
+from hints.tokens import count_tokens
+from model import GPT, GPTConfig
+from train.checkpoint import load_set
+from train.common import Dist
+from train.evaluate import evaluate, read_val_tokens
 
-from hints import Geometry  # noqa: E402
-from hints.background import parse_token_count  # noqa: E402
-from hints.scaling import RECORD_LADDER_START, human_tokens, ladder_sizes, run_ladder  # noqa: E402
-from hints.stats import hint_stats  # noqa: E402
-from hints.tokens import count_tokens  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from train_gpt import evaluate, read_val_tokens  # noqa: E402
 
-
-def load_model(path, device):
-    ck = torch.load(path, map_location="cpu", weights_only=False)
-    cfg = GPTConfig(**ck["model_config"])
-    model = GPT(cfg)
-    model.load_state_dict(ck["model"])
-    return model.to(device).eval(), ck["args"]
+def load_model(path, d):
+    """The checkpoint's model (a complete set, loaded without running code) and its run's flags."""
+    main_state, _, _ = load_set(path, d)
+    model = GPT(GPTConfig(**main_state["model_config"]))
+    model.load_state_dict(main_state["model"])
+    return model.to(d.device).eval(), main_state["args"]
 
 
 def write_outputs(rows, nohints, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "ablation.json"), "w") as f:
-        json.dump(dict(val_loss_nohints=nohints, rows=rows), f, indent=1)
-    with open(os.path.join(out_dir, "ablation.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     lengths = [k.split("_")[1] for k in rows[0] if k.startswith("coverage_")]
-    md = ["| hint tokens | val loss (hints) | vs no hints | " + " | ".join(f"{L}-gram coverage" for L in lengths) + " |",
-          "|---|---|---|" + "---|" * len(lengths),
-          f"| none | {nohints:.4f} | 0 | " + " | ".join("-" for _ in lengths) + " |"]
-    for r in rows:
-        md.append(f"| {human_tokens(r['hint_tokens'])} | {r['val_loss_hints']:.4f} | {r['val_loss_hints'] - nohints:+.4f} | "
-                  + " | ".join(f"{r[f'coverage_{L}']:.2%}" for L in lengths) + " |")
-    table = "\n".join(md)
-    with open(os.path.join(out_dir, "ablation.md"), "w") as f:
-        f.write(table + "\n")
+    table = markdown_table(
+        ["hint tokens", "val loss (hints)", "vs no hints"] + [f"{L}-gram coverage" for L in lengths],
+        [["none", f"{nohints:.4f}", "0"] + ["-"] * len(lengths)]
+        + [[human_tokens(r["hint_tokens"]), f"{r['val_loss_hints']:.4f}", f"{r['val_loss_hints'] - nohints:+.4f}"]
+           + [f"{r[f'coverage_{L}']:.2%}" for L in lengths] for r in rows])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot([r["hint_tokens"] for r in rows], [r["val_loss_hints"] for r in rows], marker="o", label="with hints")
-    ax.axhline(nohints, color="gray", linestyle="--", label="no hints")
-    ax.set_xscale("log")
-    ax.set_xlabel("hint corpus (training tokens)")
-    ax.set_ylabel("validation loss")
-    ax.set_title("validation loss vs hint-corpus size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "ablation.png"), dpi=120)
-    plt.close(fig)
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        ax.plot([r["hint_tokens"] for r in rows], [r["val_loss_hints"] for r in rows], marker="o", label="with hints")
+        ax.axhline(nohints, color="gray", linestyle="--", label="no hints")
+        ax.set_xscale("log")
+        ax.set_xlabel("hint corpus (training tokens)")
+        ax.set_ylabel("validation loss")
+        ax.set_title("validation loss vs hint-corpus size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        return fig
+
+    write_report(out_dir, "ablation", rows, table, plots=[("ablation.png", draw)], val_loss_nohints=nohints)
     return table
 
 
@@ -78,7 +63,7 @@ def main(argv=None):
     ap.add_argument("--checkpoint", required=True, help="a train_gpt.py checkpoint (--save-checkpoint)")
     ap.add_argument("--train-files", default=None, help="hint corpus shards (default: the checkpoint's training shards)")
     ap.add_argument("--val-files", default=None, help="validation shards (default: the checkpoint's)")
-    ap.add_argument("--val-tokens", type=int, default=None, help="first N validation tokens (default: the checkpoint's)")
+    ap.add_argument("--val-tokens", type=parse_token_count, default=None, help="first N validation tokens (default: the checkpoint's)")
     ap.add_argument("--min-tokens", default=str(RECORD_LADDER_START), help="smallest hint corpus (e.g. 75M)")
     ap.add_argument("--max-tokens", default=None, help="largest hint corpus (e.g. 37B; default: all training tokens)")
     ap.add_argument("--batch-size", type=int, default=None, help="validation sequences per forward (default: the run's)")
@@ -86,8 +71,8 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/ablate", help="output directory")
     args = ap.parse_args(argv)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, train_args = load_model(args.checkpoint, device)
+    d = Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    model, train_args = load_model(args.checkpoint, d)
     train_files = args.train_files or train_args["train_files"]
     val = read_val_tokens(args.val_files or train_args["val_files"], args.val_tokens or train_args["val_tokens"])
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(train_files)
@@ -95,7 +80,7 @@ def main(argv=None):
     geom = Geometry.for_tokens(sizes[-1], lengths=tuple(train_args["hint_lengths"]))
     print(f"ablation: {args.checkpoint}, {len(val):,} val tokens, ladder {[human_tokens(n) for n in sizes]}, {geom.describe()}")
     seq_len = train_args["seq_len"]
-    kw = dict(seq_len=seq_len, batch_size=args.batch_size or train_args["val_batch_size"], device=device)
+    kw = dict(seq_len=seq_len, batch_size=args.batch_size or train_args["val_batch_size"], dist=d)
 
     nohints = evaluate(model, val, None, **kw)["loss_nohints"]
     print(f"  no hints: val loss {nohints:.4f}")
@@ -104,7 +89,7 @@ def main(argv=None):
     def measure(idx, n):
         t0 = time.perf_counter()
         idx.workers = args.workers
-        res = evaluate(model, val, idx, nohints=False, **kw)
+        res = evaluate(model, val, idx, also_without_hints=False, **kw)
         st = hint_stats(idx, val)
         row = dict(hint_tokens=n, val_loss_hints=res["loss_hints"], val_loss_nohints=nohints,
                    dropped=idx.dropped, **{f"coverage_{L}": c / max(1, st["positions"]) for L, c in zip(st["lengths"], st["covered"])},
@@ -119,7 +104,6 @@ def main(argv=None):
     table = write_outputs(rows, nohints, args.out)
     print(table)
     print(f"wrote {args.out}/ablation.md, .csv, .json, .png")
-    return rows, nohints
 
 
 if __name__ == "__main__":

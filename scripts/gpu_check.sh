@@ -59,6 +59,6 @@ print(f"hint prep         {s['hint_prep_ms_per_step']:.2f} ms/step in the backgr
 print(f"hint wait         {s['hint_wait_ms_per_step']:.3f} ms/step = {pct(s['hint_wait_share'])} of step time (the GPU loop waiting)")
 num = lambda v: "n/a" if v is None else f"{v:.4f}"
 print(f"val loss          with hints {num(s['val_loss_hints'])}, without {num(s['val_loss_nohints'])}  "
-      f"(index: {s['val_index_desc']})")
+      f"(index: {s['val_index']}, {s['hint_tokens_val']:,} tokens: {s['val_index_reason']})")
 print(f"peak GPU memory   {s['peak_memory_gib'] or 0:.1f} GiB")
 PYEOF

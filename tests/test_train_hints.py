@@ -1,22 +1,19 @@
-"""train_gpt.py's hint preparation and validation pieces, tested directly (no training run):
+"""The trainer's hint preparation and validation pieces (train/), tested directly (no training run):
 training-time hints are causal (step s sees only steps < s), rank slices get full n-grams at
 their starts, the prep thread stays within its limit and re-raises its errors, validation
 hints are cached per index state, and the background-index fallback picks the right index."""
 import signal
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train_gpt  # noqa: E402
-from data.loader import Batch, DistributedDataLoader  # noqa: E402
-from data.shards import write_shard  # noqa: E402
-from hints import Geometry, HintIndex  # noqa: E402
+from data.loader import Batch, DistributedDataLoader
+from data.shards import write_shard
+from hints import Geometry, HintIndex
+from train.evaluate import ValHintCache, pick_val_index, val_split
+from train.hint_prep import HintPrep
 
 GEOM = Geometry(2, 8, 32, (6, 10, 20))  # 4 x 256 x 32 slots: ample for a few thousand tokens
 B, T, WORLD = 2, 32, 2
@@ -56,7 +53,7 @@ def planted_stream(steps=6, seed=0):
 
 def prep_for(path, rank, world, batch):
     loader = DistributedDataLoader(path, batch, T, rank=rank, world_size=world, log=None)
-    return train_gpt.HintPrep(loader, HintIndex(GEOM), rank=rank, world_size=world)
+    return HintPrep(loader, HintIndex(GEOM), rank=rank, world_size=world)
 
 
 def global_hints(preps):
@@ -108,7 +105,7 @@ def test_no_hints_mode_gives_no_hint_tensors(tmp_path):
     stream, _ = planted_stream()
     path = write_shard(tmp_path / "train_000000.bin", stream)
     loader = DistributedDataLoader(path, B, T, log=None)
-    item = train_gpt.HintPrep(loader, None).prepare()
+    item = HintPrep(loader, None).prepare()
     assert item.hint_tokens is None and item.hint_kinds is None
     np.testing.assert_array_equal(item.x.numpy().reshape(-1), stream[:B * T])
     np.testing.assert_array_equal(item.y.numpy().reshape(-1), stream[1:B * T + 1])
@@ -124,14 +121,13 @@ def test_prep_thread_runs_ahead_up_to_its_limit_only(tmp_path):
         assert prep.next_step == 2 and prep.index.tokens_added == 2 * B * T  # stopped at the limit
         for step in range(2):
             item, waited = prep.get()
-            assert item.step == step and waited >= 0
+            assert item.step == step
         prep.set_limit(5)
         prep.wait_filled()
-        assert prep._queue.qsize() == 3
+        assert prep.next_step == 5  # three more steps prepared, none past the new limit
         assert [prep.get()[0].step for _ in range(3)] == [2, 3, 4]
     finally:
         prep.close()
-    assert not prep._thread.is_alive()
 
 
 class FailingLoader:
@@ -148,7 +144,7 @@ class FailingLoader:
 
 
 def test_prep_thread_error_is_reraised_with_its_traceback():
-    prep = train_gpt.HintPrep(FailingLoader(), None).start(limit=10)
+    prep = HintPrep(FailingLoader(), None).start(limit=10)
     try:
         assert prep.get()[0].step == 0
         assert prep.get()[0].step == 1
@@ -163,7 +159,7 @@ def test_prep_thread_error_is_reraised_with_its_traceback():
 
 def test_val_split_is_even_and_whole_batches():
     for world in (1, 2, 3):
-        spans = [train_gpt.val_split(10_001, 100, 8, r, world) for r in range(world)]
+        spans = [val_split(10_001, 100, 8, r, world) for r in range(world)]
         firsts, counts, bss = zip(*spans)
         assert len(set(counts)) == 1 and counts[0] % bss[0] == 0
         assert firsts == tuple(r * counts[0] for r in range(world))
@@ -175,11 +171,31 @@ def test_val_hints_cached_per_index_state(tmp_path):
     val = rng.integers(0, 300, size=5000).astype(np.uint16)
     idx = HintIndex(GEOM)
     idx.add(val[:2000])
-    a = train_gpt.val_hints(idx, val, 1000, 3000)
-    assert train_gpt.val_hints(idx, val, 1000, 3000)[0] is a[0]  # same index state: cached
+    cache = ValHintCache()
+    a = cache.get(idx, val, 1000, 3000)
+    assert cache.get(idx, val, 1000, 3000)[0] is a[0]  # same index state: cached
     h = idx.lookup(val[:3000])
     np.testing.assert_array_equal(a[0], h.token[:, 1000:].T)  # the prefix gives full n-grams
     idx.add(val[2000:4000])
-    b = train_gpt.val_hints(idx, val, 1000, 3000)
+    b = cache.get(idx, val, 1000, 3000)
     assert b[0] is not a[0]  # the index grew: looked up again
     assert (b[0] >= 0).sum() >= (a[0] >= 0).sum()
+
+
+@pytest.mark.parametrize("ready, have_val_index, have_train_index, kind", [
+    ([True], False, True, "background"),              # ready: the background index
+    ([True, True, True, True], True, True, "background"),
+    ([True, False, True, True], True, True, "val-index"),  # one rank not ready: nobody uses it
+    ([True, False], False, True, "training"),
+    ([False], True, True, "val-index"),               # not ready: --val-index next
+    ([False], False, True, "training"),               # then the training index
+    ([], True, True, "val-index"),                    # no background index in the run
+    ([], False, True, "training"),
+    ([], False, False, None),                         # --no-hints and nothing else: no hinted loss
+    ([False, False], False, False, None),
+])
+def test_pick_val_index_every_fallback(ready, have_val_index, have_train_index, kind):
+    source = pick_val_index(ready, "running", have_val_index, have_train_index)
+    assert source.kind == kind
+    if ready and not all(ready):
+        assert ("not ready on every rank" in source.reason) == any(ready)

@@ -1,6 +1,7 @@
-"""train_gpt.py end to end on CPU with tiny models: two gloo ranks train like one rank with the
-whole batch and stay identical; a resumed run continues bit-exactly; warm-up steps are undone;
-the real background builder is used when ready, and a late or killed one is reported and\ncleaned up while training goes on; the demo preset runs."""
+"""train_gpt.py end to end on CPU with tiny models, run as a script (nothing imports it): two gloo
+ranks train like one rank with the whole batch and stay identical; a resumed run continues
+bit-exactly; warm-up steps are undone; the real background builder is used when ready, and a
+late or killed one is reported and cleaned up while training goes on; the demo preset runs."""
 import glob
 import json
 import os
@@ -14,19 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from data.loader import iter_tokens
+from data.local_corpus import build_local_corpus, stdlib_dir
+from data.shards import write_shard
+from hints import Geometry, HintIndex
+from hints.background import SHM_DIR
 
-import train_gpt  # noqa: E402
-from data.local_corpus import build_local_corpus, stdlib_dir  # noqa: E402
-from data.shards import write_shard  # noqa: E402
-from hints import HintIndex  # noqa: E402
-from hints.background import SHM_DIR  # noqa: E402
-from data.loader import iter_tokens  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 VOCAB = 512
 RUN_TIMEOUT_S = 180
-ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+# PYTHONPATH: scripts/ run against this checkout's packages, installed or not
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,6 +71,12 @@ def run(args, nproc=1, check=True):
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-6000:]}\n--- stderr\n{p.stderr[-6000:]}")
     return p
+
+
+def train(args, nproc=1):
+    """Run the trainer; its summary JSON (args must name --summary-json)."""
+    run(args, nproc)
+    return json.loads(Path(args[args.index("--summary-json") + 1]).read_text())
 
 
 def losses(summary):
@@ -120,8 +126,8 @@ def test_warmup_steps_are_undone(corpus, tmp_path):
     assert warm["hint_tokens_train"] == cold["hint_tokens_train"] == 4 * 128  # no warm-up batch in the index
 
 
-def builder_children():
-    """PIDs of hint-builder processes (python -m hints.background) whose parent is this process."""
+def builder_children(parent):
+    """PIDs of hint-builder processes (python -m hints.background) whose parent is `parent`."""
     found = []
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -129,19 +135,19 @@ def builder_children():
             cmd = Path(f"/proc/{d}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"hints.background" in cmd:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hints.background" in cmd:
             found.append(int(d))
     return found
 
 
-def signal_builder_when_started(sig):
+def signal_builder_when_started(sig, parent):
     """In a thread: send `sig` to the training run's builder process as soon as it exists."""
     sent = []
 
     def watch():
         deadline = time.time() + 60
         while not sent and time.time() < deadline:
-            for pid in builder_children():
+            for pid in builder_children(parent):
                 os.kill(pid, sig)
                 sent.append(pid)
             time.sleep(0.002)
@@ -156,31 +162,36 @@ def test_background_index_real_builder(corpus, tmp_path, mode):
     """The real builder process: used when ready; when paused (late) or killed mid-run the run
     goes on, says so, validates with the training index, and leaves no shared memory."""
     shm_before = set(glob.glob(os.path.join(SHM_DIR, "hints-*")))
+    summary = tmp_path / "s.json"
     args = tiny_args(corpus, tmp_path, "--steps", "4", "--batch-size", "2", "--val-every", "2",
-                     "--bg-wait", "60" if mode == "ready" else "0", "--summary-json", str(tmp_path / "s.json"))
+                     "--bg-wait", "60" if mode == "ready" else "0", "--summary-json", str(summary))
     args[args.index("--hint-tokens") + 1] = "50000"
-    watcher = None
+    p = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), *args], cwd=REPO, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if mode != "ready":
-        watcher, sent = signal_builder_when_started(signal.SIGSTOP if mode == "late" else signal.SIGKILL)
-    s = train_gpt.main(args)
-    log = Path(s["log_file"]).read_text()
+        watcher, sent = signal_builder_when_started(signal.SIGSTOP if mode == "late" else signal.SIGKILL, p.pid)
+    out, _ = p.communicate(timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, out[-6000:]
+    s = json.loads(summary.read_text())
     if mode == "ready":
         assert s["val_index"] == "background" and s["hint_tokens_val"] == 50_000
-        assert "background index ready" in log and "hints from: background index, 50.0k tokens" in log
+        assert s["background"]["state"] == "ready"
     else:
         watcher.join()
         assert sent, "the builder process was never seen"
         assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"] == 4 * 128
-        assert "background index not used for this validation" in log
-        assert ("died" in log) if mode == "killed" else ("bg index ready" not in log)
+        assert "background index is not ready" in s["val_index_reason"]
+        late = ("starting", "running")  # paused before or after its first status write
+        assert s["background"]["state"] in (("failed",) if mode == "killed" else late)
+        assert [v["index"] for v in s["val_history"]] == ["training", "training"]
     assert s["val_loss_hints"] is not None and s["val_loss_nohints"] is not None
-    assert builder_children() == []  # the builder is gone, paused or not
+    assert builder_children(p.pid) == []  # the builder is gone, paused or not
     assert set(glob.glob(os.path.join(SHM_DIR, "hints-*"))) == shm_before  # and so is its shared memory
 
 
 def test_no_hints_ablation(corpus, tmp_path):
-    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--no-hints",
-                                 "--summary-json", str(tmp_path / "s.json")))
+    s = train(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--no-hints",
+                        "--summary-json", str(tmp_path / "s.json")))
     assert s["no_hints"] and s["hint_tokens_train"] == 0
     assert s["val_loss_hints"] is None and s["val_index"] is None and s["val_loss_nohints"] > 0
 
@@ -200,34 +211,38 @@ def test_demo_preset_small_budget(tmp_path):
     assert s["steps"] == 20 and s["train_tokens"] == 20 * 2 * 256 == s["hint_tokens_train"]
     assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"]
     assert np.isfinite(s["val_loss_hints"]) and np.isfinite(s["val_loss_nohints"])
-    assert "model: speedrun 4 layers x 256 wide, 4 heads, seq_len 256" in p.stdout
-    assert p.stdout.count("val_loss_hints") >= 3  # step 10, step 20, final line
-    assert "hint wait" in p.stdout and "final: hints: prep" in p.stdout
-    assert Path(s["log_file"]).read_text().count("val_loss_nohints") >= 3  # the log file has it too
+    assert s["arch"] == "speedrun" and s["seq_len"] == 256 and s["batch_size"] == 2
+    assert [v["step"] for v in s["val_history"]] == [10, 20]
+    assert [step for step, _ in s["train_losses"]] == list(range(1, 21))
+    # the log file starts with the code the run imported, verbatim, then versions and hardware
+    log = Path(s["log_file"]).read_text()
+    assert log.index("# file: train_gpt.py") < log.index("# packages: torch") < log.index("step 10/20 val_loss_hints")
+    assert (REPO / "train" / "evaluate.py").read_text() in log
 
 
 def test_val_index_used_when_no_background(corpus, tmp_path):
-    idx = HintIndex(train_gpt.Geometry.for_tokens(100_000))
+    idx = HintIndex(Geometry.for_tokens(100_000))
     for chunk in iter_tokens(str(corpus / "train_*.bin")):
         idx.add(chunk)
     path = idx.save(str(tmp_path / "val.hints"))
-    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--val-index", path,
-                                 "--summary-json", str(tmp_path / "s.json")))
+    s = train(tiny_args(corpus, tmp_path, "--steps", "3", "--batch-size", "2", "--val-index", path,
+                        "--summary-json", str(tmp_path / "s.json")))
     assert s["val_index"] == "val-index" and s["hint_tokens_val"] == 100_000
     assert s["hint_tokens_train"] == 3 * 128
-    assert "hints from: --val-index, 100.0k tokens | training index: 384 tokens" in Path(s["log_file"]).read_text()
 
 
 def test_ablation_writes_every_row_and_file(corpus, tmp_path):
     """scripts/ablate.py on a checkpoint trained with hints: the no-hint row equals the run's own
     final no-hint loss, every ladder size gets a row, and the largest hint corpus beats no hints."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import ablate
     ck = tmp_path / "ck.pt"
-    s = train_gpt.main(tiny_args(corpus, tmp_path, "--steps", "40", "--batch-size", "4", "--val-every", "0",
-                                 "--save-checkpoint", str(ck), "--summary-json", str(tmp_path / "s.json")))
+    s = train(tiny_args(corpus, tmp_path, "--steps", "40", "--batch-size", "4", "--val-every", "0",
+                        "--save-checkpoint", str(ck), "--summary-json", str(tmp_path / "s.json")))
     out = tmp_path / "ablate"
-    rows, nohints = ablate.main(["--checkpoint", str(ck), "--min-tokens", "12500", "--workers", "2", "--out", str(out)])
+    subprocess.run([sys.executable, str(REPO / "scripts" / "ablate.py"), "--checkpoint", str(ck), "--min-tokens",
+                    "12500", "--workers", "2", "--out", str(out)], cwd=REPO, env=ENV, check=True,
+                   capture_output=True, timeout=RUN_TIMEOUT_S)
+    result = json.loads((out / "ablation.json").read_text())
+    rows, nohints = result["rows"], result["val_loss_nohints"]
     assert nohints == pytest.approx(s["val_loss_nohints"], abs=1e-6)
     assert [r["hint_tokens"] for r in rows] == [12_500, 25_000, 50_000, 100_000]
     assert rows[-1]["val_loss_hints"] < nohints

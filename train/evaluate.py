@@ -1,0 +1,162 @@
+"""Validation: loss with hints and without, over all ranks, and which index the hints come from.
+
+`read_val_tokens` reads the scored val stream; `val_split` gives each rank an equal run of whole
+batches of it. `evaluate` runs the model over this rank's share with hints from an index (their
+lookups cached per index state in a `ValHintCache` the run owns) and, when asked, without hints.
+`pick_val_index` chooses the index to validate with and says why: the background index when it
+is ready on every rank, else `--val-index`, else the training-time index.
+"""
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from data.loader import read_tokens
+from data.units import human_tokens
+from model import autocast_context
+
+
+def read_val_tokens(val_files, n_tokens):
+    """The first n_tokens scored val tokens: n_tokens + 1 (the last is only a target)."""
+    return read_tokens(val_files, n_tokens + 1, strict=False)
+
+
+def val_split(n_val, seq_len, batch_size, rank, world_size):
+    """This rank's share of the val stream: (first sequence, sequences, batch size)."""
+    n_seq = max(n_val - 1, 0) // seq_len
+    per_rank = n_seq // world_size
+    bs = max(1, min(batch_size, per_rank))
+    per_rank = per_rank // bs * bs  # whole batches: one shape, one compiled graph
+    return rank * per_rank, per_rank, bs
+
+
+class ValHintCache:
+    """Hints of a span of the val stream, kept while the index does not change.
+
+    A validation looks up the same span of the same val tokens every time; the training index
+    grows between validations, the background and saved indexes do not. The key is the index
+    object, its token count and the span; the entry holds the index, so its id stays unique.
+    """
+
+    def __init__(self, size=2):
+        self.size, self.entries = size, {}
+
+    def get(self, index, val_tokens, start, stop):
+        """(n, K) int32 hinted tokens and int16 kinds for val positions [start, stop)."""
+        key = (id(index), int(index.tokens_added), id(val_tokens), start, stop)
+        hit = self.entries.get(key)
+        if hit is not None:
+            return hit[1], hit[2]
+        h = index.lookup_span(val_tokens, start, stop)
+        tok, kind = np.ascontiguousarray(h.token.T), np.ascontiguousarray(h.kind.T)
+        while len(self.entries) >= self.size:
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = (index, tok, kind)
+        return tok, kind
+
+
+@torch.no_grad()
+def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None, also_without_hints=True):
+    """Mean val loss over all ranks with hints from `index` (None: no hinted pass) and, when
+    `also_without_hints`, without hints.
+
+    val_tokens: the whole val stream (uint16); each rank takes an equal run of sequences of
+    seq_len (+1 target). Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
+    """
+    device = dist.device
+    first, n_seq, bs = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
+    start, stop = first * seq_len, (first + n_seq) * seq_len
+    lookup_s = 0.0
+    if index is not None:
+        t0 = time.perf_counter()
+        tok, kind = (cache or ValHintCache()).get(index, val_tokens, start, stop)
+        lookup_s = time.perf_counter() - t0
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss with hints, without, batches
+    for b in range(0, n_seq, bs):
+        lo, hi = start + b * seq_len, start + (b + bs) * seq_len
+        buf = torch.from_numpy(val_tokens[lo:hi + 1].astype(np.int64))
+        x = buf[:-1].view(bs, seq_len).to(device, non_blocking=True)
+        y = buf[1:].view(bs, seq_len).to(device, non_blocking=True)
+        with autocast_context(device):
+            if also_without_hints:
+                sums[1] += model(x, y).double()
+            if index is not None:
+                K = tok.shape[1]
+                ht = torch.from_numpy(tok[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
+                hk = torch.from_numpy(kind[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
+                sums[0] += model(x, y, ht, hk).double()
+        sums[2] += 1
+    dist.all_sum(sums)
+    model.train(was_training)
+    n = max(sums[2].item(), 1)
+    return dict(loss_hints=sums[0].item() / n if index is not None else None,
+                loss_nohints=sums[1].item() / n if also_without_hints else None,
+                tokens=int(n_seq * seq_len * dist.world_size), lookup_s=lookup_s)
+
+
+class ValSource(NamedTuple):
+    """The index a validation uses: kind is 'background', 'val-index', 'training' or None."""
+
+    kind: str | None
+    reason: str
+
+
+def pick_val_index(background_ready, background_state, have_val_index, have_training_index):
+    """Which index validates, the same choice on every rank, and why.
+
+    background_ready: one flag per rank (empty when the run builds no background index); the
+    background index is used only when it is ready on every rank (the all-ranks minimum), since
+    ranks that validated with different indexes would average incomparable losses.
+    background_state: what the background builder says of itself (for the reason).
+    """
+    if background_ready and all(background_ready):
+        return ValSource("background", "the background index is ready on every rank")
+    if not background_ready:
+        why = "no background index in this run"
+    elif any(background_ready):
+        why = f"the background index is not ready on every rank ({sum(background_ready)} of {len(background_ready)})"
+    else:
+        why = f"the background index is not ready ({background_state})"
+    if have_val_index:
+        return ValSource("val-index", f"{why}: using --val-index")
+    if have_training_index:
+        return ValSource("training", f"{why}: using the training-time index")
+    return ValSource(None, f"{why}, no --val-index and no training index: no hinted loss")
+
+
+# Lookup threads per rank for a saved or background index (the index releases the GIL).
+VAL_LOOKUP_WORKERS = 4
+
+
+def validate(model, val_tokens, *, step, total, background, bg_wait, val_index, train_index, seq_len,
+             batch_size, dist, cache, log):
+    """One validation of a run: wait for a late background index at the end (up to bg_wait
+    seconds), pick the index on every rank alike, evaluate with and without hints, log one line.
+    Returns evaluate()'s dict plus index (kind), index_reason, index_tokens and index_desc."""
+    t0 = time.perf_counter()
+    if background is not None and step == total and bg_wait > 0 and background.status()["state"] in ("starting", "running"):
+        log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()})")
+        background.wait(bg_wait)
+    ready = dist.gather(background.ready()) if background is not None else []
+    have = (val_index is not None, train_index is not None)
+    source = pick_val_index(ready, background.describe() if background is not None else None, *have)
+    index = {"val-index": val_index, "training": train_index}.get(source.kind)
+    if source.kind == "background":
+        try:
+            index = background.open(workers=VAL_LOOKUP_WORKERS)
+        except Exception as e:  # noqa: BLE001 - reported; the same fallback as a builder not ready
+            source = pick_val_index([False], f"open failed: {type(e).__name__}: {e}", *have)
+            index = {"val-index": val_index, "training": train_index}.get(source.kind)
+    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache)
+    n = int(index.tokens_added) if index is not None else 0
+    res.update(index=source.kind, index_reason=source.reason, index_tokens=n,
+               index_desc=f"{source.kind or 'none'}, {human_tokens(n)} tokens")
+    hinted = f"{res['loss_hints']:.4f}" if res["loss_hints"] is not None else "n/a"
+    log(f"step {step}/{total} val_loss_hints {hinted} val_loss_nohints {res['loss_nohints']:.4f} "
+        f"(hints: {res['index_desc']}; {source.reason}) [{res['tokens']:,} val tokens, "
+        f"{time.perf_counter() - t0:.1f}s, lookup {res['lookup_s'] * 1e3:.0f}ms]")
+    log.metrics({"val/loss_hints": res["loss_hints"], "val/loss_nohints": res["loss_nohints"]}, step)
+    return res
