@@ -4,8 +4,10 @@
 #   1-7 GPUs:     the record shape on the GPUs there are (a smaller global batch; for checks);
 #   no CUDA:      the CPU demo on the local standard-library corpus (built on first use).
 # Extra arguments go to train_gpt.py, e.g. ./run.sh --steps 100 --summary-json out.json
+# It first installs what is missing (scripts/install.sh): the pinned requirements and this checkout.
 set -euo pipefail
 cd "$(dirname "$0")"
+source scripts/install.sh
 
 # 12 shards x 100M tokens: the record's 1.2B-token background hint index (--hint-tokens) plus
 # the 70.8M tokens it trains on. (8 shards would cover training but cap the hint index at 0.8B.)
@@ -20,7 +22,7 @@ if [ "$n_gpus" -ge 1 ]; then
     have=$(ls data/fineweb10B/fineweb_train_*.bin 2>/dev/null | wc -l)
     if [ ! -f data/fineweb10B/fineweb_val_000000.bin ] || [ "$have" -lt "$FINEWEB_TRAIN_SHARDS" ]; then
         echo "run.sh: FineWeb10B shards missing ($have of $FINEWEB_TRAIN_SHARDS train shards): downloading"
-        python data/cached_fineweb10B.py "$FINEWEB_TRAIN_SHARDS"
+        "$PY" -m data.cached_fineweb10B "$FINEWEB_TRAIN_SHARDS"
     fi
     nproc_per_node=$(( n_gpus >= 8 ? 8 : n_gpus ))
     if [ "$n_gpus" -ge 8 ]; then
@@ -28,8 +30,8 @@ if [ "$n_gpus" -ge 1 ]; then
     else
         echo "run.sh: $n_gpus CUDA GPU(s), fewer than the record's 8: record shape on $n_gpus GPU(s), smaller global batch"
     fi
-    exec torchrun --standalone --nproc_per_node="$nproc_per_node" train_gpt.py --preset record "$@"
+    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc_per_node" train_gpt.py --preset record "$@"
 else
-    echo "run.sh: no CUDA GPU: CPU demo (python train_gpt.py --preset demo; a few minutes on 2 cores)"
-    exec python train_gpt.py --preset demo "$@"
+    echo "run.sh: no CUDA GPU: CPU demo (train_gpt.py --preset demo; a few minutes on 2 cores)"
+    exec "$PY" train_gpt.py --preset demo "$@"
 fi

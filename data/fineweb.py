@@ -12,9 +12,6 @@ import multiprocessing as mp
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a script: import from the repo root, not from data/
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 import numpy as np
 from tqdm import tqdm
 

@@ -18,9 +18,6 @@ import os
 import re
 import sys
 
-if __package__ in (None, ""):  # run as a script: import from the repo root, not from data/
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 import numpy as np
 from tqdm import tqdm
 

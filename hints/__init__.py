@@ -1,6 +1,6 @@
 """The hint index: which tokens follow each 6-, 10- and 20-gram of a token stream.
 
-NumPy + Numba only (no torch). See DESIGN.md "The hint index" and README "The hint index".
+NumPy + Numba only (no torch). docs/design.md, "The hint index", explains it.
 """
 from .geometry import Geometry
 from .index import HintIndex, Hints

@@ -21,7 +21,7 @@ from .reference import ReferenceIndex
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 3
 MIB = 1 << 20
-MEMORY_SLACK = 256 * MIB  # DESIGN.md: peak build RSS <= index + staging + 256 MiB
+MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
 
 
 def _peak_rss():
@@ -48,9 +48,10 @@ def measure_memory(geom, tokens, workers):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "tokens.npy")
         np.save(path, tokens)
-        code = (f"import sys; sys.path.insert(0, {REPO_ROOT!r}); from hints.bench import _memory_child; "
+        code = (f"from hints.bench import _memory_child; "
                 f"_memory_child({json.dumps(geom.to_dict())!r}, {path!r}, {int(workers)})")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        env = dict(os.environ, PYTHONPATH=REPO_ROOT)  # this checkout's hints, installed or not
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,11 +1,6 @@
-"""Test setup: import the repo's packages (hints, data, model, train_gpt) from the checkout,
-and the fixture that keeps torch to one thread in the tests that run models."""
-import sys
-from pathlib import Path
-
+"""Test setup: the fixture that keeps torch to one thread in the tests that run models. The repo's
+packages import from the checkout (pyproject.toml sets pytest's pythonpath to the repo root)."""
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture

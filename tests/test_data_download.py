@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from data import download  # noqa: E402
-from data.download import HubUnreachableError, download_fineweb, shard_names  # noqa: E402
-from data.shards import read_shard, write_shard  # noqa: E402
+from data import download
+from data.download import HubUnreachableError, download_fineweb, shard_names
+from data.shards import read_shard, write_shard
 
 
 @pytest.fixture
@@ -33,10 +32,10 @@ def test_shard_names():
     assert shard_names(2) == ["fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
 
 
-@pytest.mark.parametrize("script", ["data/cached_fineweb10B.py", "data/cached_fineweb100B.py"])
-def test_script_offline_gives_clear_error(tmp_path, script):
+@pytest.mark.parametrize("module", ["data.cached_fineweb10B", "data.cached_fineweb100B"])
+def test_script_offline_gives_clear_error(tmp_path, module):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, script, "1", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", module, "1", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()

@@ -2,19 +2,17 @@
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.fineweb import write_shards  # noqa: E402
-from data.loader import read_tokens  # noqa: E402
-from data.local_corpus import build_local_corpus, find_files, split_files, stdlib_dir  # noqa: E402
-from data.shards import read_shard, shard_token_count  # noqa: E402
-from data.tokenizer import EOT_TOKEN, encode_document  # noqa: E402
+from data.fineweb import write_shards
+from data.loader import read_tokens
+from data.local_corpus import build_local_corpus, find_files, split_files, stdlib_dir
+from data.shards import read_shard, shard_token_count
+from data.tokenizer import EOT_TOKEN, encode_document
 
 
 def make_tree(root, n=40):

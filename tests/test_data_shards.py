@@ -1,15 +1,13 @@
 """Tests for data/shards.py: round trips, header validation, refused inputs, listing."""
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.shards import (  # noqa: E402
+from data.shards import (
     HEADER_BYTES, MAGIC, VERSION, ShardWriter, check_token_range, is_complete_shard, list_shards,
     read_header, read_shard, shard_token_count, write_shard,
 )

@@ -2,15 +2,13 @@
 
 import inspect
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data import tokenizer  # noqa: E402
-from data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode_document, gpt2  # noqa: E402
+from data import tokenizer
+from data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode_document, gpt2
 
 TEXTS = [
     "Hello world",

@@ -2,18 +2,16 @@
 before allocating), save/load round trips (in memory, memory-mapped, file-backed, continuing a
 stream), corrupt files (refused with a ValueError naming the file), sizing helpers and presets."""
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from hints import Geometry, HintIndex  # noqa: E402
-from hints import store  # noqa: E402
-from hints.geometry import PRESETS, TARGET_LOAD  # noqa: E402
+from hints import Geometry, HintIndex
+from hints import store
+from hints.geometry import PRESETS, TARGET_LOAD
 
 GEOM = Geometry(4, 8, 16, (6, 10, 20))
 FIELDS = ("token", "count", "purity", "kind")

@@ -2,7 +2,7 @@
 on real text (GPT-2 tokens of Python's stdlib source) and on random streams, and the table equals
 the plain-Python slot-level replay (hints.reference.reference_slots) byte for byte, drops included.
 
-How exactness is made checkable. DESIGN.md promises equality with exact counting "when nothing
+How exactness is made checkable. docs/design.md promises equality with exact counting "when nothing
 was dropped and no checksum collided". So every test here first checks that nothing was dropped,
 and then maps every n-gram to the key the index compares (per length index k: the partition and
 the nested key ``slot >> geom.key_shifts[k]``, computed independently by ``hints.reference.slot_of``):
@@ -22,14 +22,13 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from hints import Geometry, HintIndex, ReferenceIndex  # noqa: E402
-from hints.kinds import kind_of  # noqa: E402
-from hints.reference import reference_slots, slot_of  # noqa: E402
+from hints import Geometry, HintIndex, ReferenceIndex
+from hints.kinds import kind_of
+from hints.reference import reference_slots, slot_of
 
 STDLIB = os.path.dirname(os.__file__)
 

@@ -1,19 +1,17 @@
-"""Invariants of the hint index (DESIGN.md "The hint index"): stream semantics (any chunking of
+"""Invariants of the hint index (docs/design.md, "The hint index"): stream semantics (any chunking of
 add() and any worker count give the same bytes), early positions never match, kinds decompose
 as documented, ties go to the smallest id, overflowing buckets drop only the later occurrences
 of their own n-grams and corrupt nothing else, and no hint comes from a token never added."""
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from hints import Geometry, HintIndex, ReferenceIndex, n_kinds  # noqa: E402
-from hints.kinds import (COUNT_BUCKET_EDGES, KINDS_PER_LENGTH, N_COUNT_BUCKETS,  # noqa: E402
+from hints import Geometry, HintIndex, ReferenceIndex, n_kinds
+from hints.kinds import (COUNT_BUCKET_EDGES, KINDS_PER_LENGTH, N_COUNT_BUCKETS,
                          N_PURITY_BUCKETS, PURITY_BUCKET_EDGES, kind_of, kind_parts)
-from hints.reference import reference_slots, slot_of  # noqa: E402
+from hints.reference import reference_slots, slot_of
 
 FIELDS = ("token", "count", "purity", "kind")
 
