@@ -3,8 +3,8 @@ from two saves, a set without its manifest, an index that does not match the ste
 resume with changed settings are refused naming what disagrees; a clean set round-trips.
 Also the trainer's flag checks, which must name the flag before anything runs."""
 import argparse
+import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -94,9 +94,7 @@ def test_crafted_pickle_is_refused_and_never_runs(tmp_path):
     torch.save(state, path)
     # the attacker also rewrites the manifest so the hashes match: only weights_only stands between
     manifest = tmp_path / "ck.pt.manifest.json"
-    text = manifest.read_text()
-    import json
-    m = json.loads(text)
+    m = json.loads(manifest.read_text())
     m["files"]["ck.pt"] = dict(bytes=path.stat().st_size, sha256=checkpoint.file_sha256(path))
     manifest.write_text(json.dumps(m))
     with pytest.raises(CheckpointError, match="cannot be loaded safely"):

@@ -2,12 +2,9 @@
 and the plain readers."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 
 from data.loader import DistributedDataLoader, TokenStream, iter_tokens, read_tokens
 from data.shards import write_shard

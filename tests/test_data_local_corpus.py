@@ -2,11 +2,9 @@
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 
 from data.fineweb import write_shards
 from data.loader import read_tokens

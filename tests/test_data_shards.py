@@ -1,11 +1,9 @@
 """Tests for data/shards.py: round trips, header validation, refused inputs, listing."""
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 
 from data.shards import (
     HEADER_BYTES, MAGIC, VERSION, ShardWriter, check_token_range, is_complete_shard, list_shards,

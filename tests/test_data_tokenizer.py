@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-
 from data import tokenizer
 from data.tokenizer import EOT_TOKEN, VOCAB_SIZE, decode, encode_document, gpt2
 

@@ -3,7 +3,6 @@ before allocating), save/load round trips (in memory, memory-mapped, file-backed
 stream), corrupt files (refused with a ValueError naming the file), sizing helpers and presets."""
 import os
 import time
-from pathlib import Path
 
 
 import numpy as np

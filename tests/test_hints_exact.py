@@ -18,16 +18,14 @@ the nested key ``slot >> geom.key_shifts[k]``, computed independently by ``hints
   ReferenceIndex exactly. Cases built to have no collision at all assert that there is none.
 """
 import os
-import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
 
 import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex, ReferenceIndex
-from hints.kinds import kind_of
+from hints.kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, kind_of, kind_parts
 from hints.reference import reference_slots, slot_of
 
 STDLIB = os.path.dirname(os.__file__)
@@ -267,8 +265,9 @@ def test_exact_counts_cover_kinds_and_ties():
     geom = Geometry(10, 2, 512, (6, 10, 20))
     stream = phrase_stream(2, 20000, 12, 300, 12)
     h = HintIndex(geom).add(stream).lookup(stream)
-    assert h.count.max() >= 33 and set(np.unique(h.kind[h.kind >= 0] % 42 // 6)) == set(range(7))
-    assert set(np.unique(h.kind[h.kind >= 0] % 6)) == set(range(6))
+    _, count_bucket, purity_bucket = kind_parts(h.kind[h.kind >= 0])
+    assert h.count.max() >= 33 and set(np.unique(count_bucket)) == set(range(N_COUNT_BUCKETS))
+    assert set(np.unique(purity_bucket)) == set(range(N_PURITY_BUCKETS))
 
 
 # ---- table bytes vs the slot-level replay -----------------------------------------------------

@@ -2,7 +2,6 @@
 add() and any worker count give the same bytes), early positions never match, kinds decompose
 as documented, ties go to the smallest id, overflowing buckets drop only the later occurrences
 of their own n-grams and corrupt nothing else, and no hint comes from a token never added."""
-from pathlib import Path
 
 
 import numpy as np

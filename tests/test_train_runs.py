@@ -201,7 +201,7 @@ def test_demo_preset_small_budget(tmp_path):
     out = tmp_path / "corpus"
     build_local_corpus(src_dir=os.path.join(stdlib_dir(), "email"), out_dir=str(out), progress=False)
     summary = tmp_path / "demo.json"
-    p = run(["--preset", "demo", "--train-files", str(out / "train_*.bin"), "--val-files", str(out / "val_*.bin"),
+    run(["--preset", "demo", "--train-files", str(out / "train_*.bin"), "--val-files", str(out / "val_*.bin"),
              "--steps", "20", "--val-every", "10", "--val-tokens", "1024", "--hint-tokens", "0",
              "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary)])
     s = json.loads(summary.read_text())
