@@ -1,5 +1,6 @@
 """The background builder: a separate process builds the same index as in-process building,
-reports failure instead of hanging, and never leaves shared memory behind."""
+reports failure instead of hanging, and never leaves shared memory behind (whole-group kills
+and signals are in test_faults.py)."""
 import glob
 import os
 import signal
@@ -29,7 +30,7 @@ def wait_for(builder, states=("ready", "failed")):
 
 
 def leftovers(name):
-    return glob.glob(os.path.join(SHM_DIR, f"hints-{name}*"))
+    return glob.glob(os.path.join(SHM_DIR, f"*{name}*"))
 
 
 @pytest.fixture
@@ -63,8 +64,9 @@ def test_builds_same_index_as_in_process(shards):
         assert np.array_equal(np.asarray(bg.fill), ref.fill) and np.array_equal(np.asarray(bg.table), ref.table)
         other = BackgroundBuilder.attach(b.name)  # another rank's view
         assert other.ready() and other.open().tokens_added == 50_000
-        other.close()  # an attached handle never removes the owner's files
-        assert os.path.exists(b.idx_path)
+        other.close()  # an attached handle only lets go of its own hold
+        assert b.ready() and b.open().tokens_added == 50_000
+        assert other.status()["state"] == "failed" and "closed" in other.status()["error"]
     finally:
         b.close()
     assert leftovers(b.name) == []
@@ -130,10 +132,33 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
 
 def test_close_stops_a_paused_builder_through_its_own_cleanup(shards):
     pattern, _ = shards
-    b = BackgroundBuilder(pattern, 60_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d", log=lambda *a: None)
+    files = sorted(glob.glob(pattern)) * 400  # a long build: still running when paused
+    b = BackgroundBuilder(files, 24_000_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d", log=lambda *a: None)
     b.start()
-    wait_for(b, states=("running", "ready"))  # its SIGTERM handler is installed by now
+    wait_for(b, states=("running",))  # its SIGTERM handler is installed by now
     os.kill(b.process.pid, signal.SIGSTOP)
     b.close()
     assert b.process.returncode == 128 + signal.SIGTERM  # exited via its handler, not SIGKILL after a timeout
     assert leftovers(b.name) == []
+
+
+def test_failure_reason_reaches_the_owner_and_attached_ranks(tmp_path, shards):
+    pattern, _ = shards
+    b = BackgroundBuilder(pattern, 60_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}e", log=lambda *a: None)
+    raw = bytearray((tmp_path / "train_000001.bin").read_bytes())
+    raw[0] ^= 0xFF  # broken after the token count was taken: only the builder finds it
+    (tmp_path / "train_000001.bin").write_bytes(bytes(raw))
+    try:
+        b.start()
+        other = BackgroundBuilder.attach(b.name)
+        st = wait_for(b, states=("failed",))
+        assert "train_000001.bin" in st["error"] and "magic" in st["error"]
+        assert other.status()["error"] == st["error"]  # the record is shared, not just the exit code
+        other.close()
+    finally:
+        b.close()
+
+
+def test_attach_without_an_owner_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="nobody serves it"):
+        BackgroundBuilder.attach(f"t{os.getpid()}-nobody")
