@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.loader import DistributedDataLoader, TokenStream, iter_tokens, read_tokens  # noqa: E402
+from data.manifest import write_manifest  # noqa: E402
 from data.shards import write_shard  # noqa: E402
 from data.tokenizer import EOT_TOKEN  # noqa: E402
 
@@ -26,6 +27,7 @@ def make_shards(tmp_path, sizes=SHARD_SIZES, seed=0, eot_every=None):
     for i, n in enumerate(sizes):
         paths.append(write_shard(tmp_path / f"train_{i:06d}.bin", stream[pos:pos + n]))
         pos += n
+    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
     return str(tmp_path / "train_*.bin"), stream.astype(np.uint16)
 
 

@@ -117,14 +117,14 @@ TRAINER = r"""
 import os, signal, sys, time
 from hints import Geometry
 from hints.background import BackgroundBuilder
-files, tokens, name, pause = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
-# as train_gpt.Background.start: local rank 0 builds, the other local ranks attach after a barrier
-handle = BackgroundBuilder(files, tokens, geometry=Geometry.for_tokens(tokens, lengths=(6, 10, 20)), name=name,
+files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
+# as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach
+handle = BackgroundBuilder(files, tokens, geometry=Geometry(4, 8, 16, (6, 10, 20)), name=name,
                            log=lambda *a: None, reserve_cpus=0).start()
 rank1 = BackgroundBuilder.attach(name)
 t = time.time()
 while rank1.status()["state"] != "running" and time.time() - t < 60:
-    time.sleep(0.05)
+    time.sleep(0.01)
 if pause:
     os.kill(handle.process.pid, signal.SIGSTOP)
 print(handle.process.pid, rank1.status()["state"], flush=True)
@@ -158,9 +158,9 @@ def gone(pid, timeout=10.0):
 @pytest.fixture(scope="module")
 def long_build(tmp_path_factory):
     d = tmp_path_factory.mktemp("bg")
-    write_shard(d / "train_000000.bin", stream_of(2, 50_000, vocab=50))
-    files = [str(d / "train_000000.bin")] * 400  # 20M tokens: still building when the run is killed
-    return ",".join(files), 20_000_000
+    tokens = 24_000_000  # about a second of building: still running when the run is killed
+    write_shard(d / "train_000000.bin", np.tile(stream_of(2, 1_000_000, vocab=50), tokens // 1_000_000))
+    return str(d / "train_000000.bin"), tokens
 
 
 @pytest.mark.parametrize("how", ["group-SIGKILL", "group-SIGHUP", "paused-builder-parent-SIGKILL"])
@@ -174,6 +174,11 @@ def test_killed_run_leaves_no_shared_memory(long_build, how):
         builder_pid, state = trainer.stdout.readline().split()
         builder_pid = int(builder_pid)
         assert state == "running" and holders(name)  # the attached rank sees it; the memory is held
+        if how.startswith("paused"):
+            t = time.time()
+            while Path(f"/proc/{builder_pid}/stat").read_text().split(")")[-1].split()[0] != "T":
+                assert time.time() - t < 10, "builder not stopped"
+                time.sleep(0.01)
         if how == "group-SIGKILL":
             os.killpg(trainer.pid, signal.SIGKILL)
         elif how == "group-SIGHUP":
@@ -295,7 +300,7 @@ def test_index_files_are_private_and_never_follow_a_planted_link(tmp_path):
 
 def test_builder_spec_is_not_in_its_command_line(tmp_path):
     write_shard(tmp_path / "secret_train_000000.bin", stream_of(6, 20_000))
-    b = BackgroundBuilder(str(tmp_path / "secret_train_*.bin"), 20_000, geometry=GEOM, workers=1,
+    b = BackgroundBuilder(str(tmp_path / "secret_train_000000.bin"), 20_000, geometry=GEOM, workers=1,
                           name=f"faults{os.getpid()}argv", log=lambda *a: None).start()
     try:
         cmdline = Path(f"/proc/{b.process.pid}/cmdline").read_bytes().decode()
@@ -306,3 +311,112 @@ def test_builder_spec_is_not_in_its_command_line(tmp_path):
         assert b.ready(), b.status()
     finally:
         b.close()
+
+
+# ---- 9. stale or partial shard sets are refused -------------------------------------------------
+
+def docs(n, words=40):
+    return [f"document {i}: " + "lorem ipsum dolor sit amet " * words for i in range(n)]
+
+
+def test_rerun_with_fewer_documents_leaves_no_old_shards(tmp_path):
+    from data.fineweb import write_shards
+    from data.loader import read_tokens
+    from data.tokenizer import encode_document
+    big = write_shards(docs(40), tmp_path, shard_size=1000, workers=1, progress=False)
+    small = write_shards(docs(6), tmp_path, shard_size=1000, workers=1, progress=False)
+    assert len(big["shards"]) > len(small["shards"]) >= 2
+    assert sorted(glob.glob(str(tmp_path / "fineweb_*.bin"))) == sorted(small["shards"])
+    want = np.concatenate([encode_document(t) for t in docs(6)])
+    np.testing.assert_array_equal(read_tokens(str(tmp_path / "fineweb_val_*.bin")), want[:1000])
+    np.testing.assert_array_equal(read_tokens(str(tmp_path / "fineweb_train_*.bin")), want[1000:])
+
+
+def test_shard_folders_need_a_manifest_that_agrees(tmp_path):
+    from data.loader import DistributedDataLoader, read_tokens, resolve_files
+    for i in range(3):
+        write_shard(tmp_path / f"train_{i:06d}.bin", stream_of(i, 1000))
+    pattern = str(tmp_path / "train_*.bin")
+    with pytest.raises(ValueError, match=rf"{tmp_path} has no manifest\.json.*python -m data\.manifest {tmp_path}"):
+        DistributedDataLoader(pattern, 2, 8, log=None)
+    assert resolve_files(str(tmp_path / "train_000001.bin"))  # an explicit file stands on its own
+    r = python("from data.manifest import main; main()", tmp_path)  # record the set, as the message says
+    assert r.returncode == 0 and "3 shards, 3,000 tokens" in r.stdout, r.stderr
+    assert len(read_tokens(pattern)) == 3000
+
+    write_shard(tmp_path / "train_000003.bin", stream_of(9, 500))  # a leftover of another run
+    with pytest.raises(ValueError, match=r"train_000003\.bin is not in .*manifest\.json"):
+        read_tokens(pattern)
+    with pytest.raises(ValueError, match=r"train_000003\.bin is not in"):
+        resolve_files(str(tmp_path / "train_000003.bin"))  # an explicit file in a folder with a manifest too
+    os.remove(tmp_path / "train_000003.bin")
+
+    write_shard(tmp_path / "train_000002.bin", stream_of(2, 999))  # rewritten: one token fewer
+    with pytest.raises(ValueError, match=r"train_000002\.bin disagrees with .*1,998 bytes|train_000002\.bin disagrees"):
+        read_tokens(pattern)
+    os.remove(tmp_path / "train_000002.bin")  # an interrupted write: a listed shard is missing
+    with pytest.raises(ValueError, match=r"lists train_000002\.bin, which is missing"):
+        read_tokens(pattern)
+
+
+def test_verify_reads_every_byte(tmp_path):
+    from data.manifest import main
+    write_shard(tmp_path / "val_000000.bin", stream_of(1, 1000))
+    main([str(tmp_path)])
+    main([str(tmp_path), "--verify"])
+    with open(tmp_path / "val_000000.bin", "r+b") as f:  # same size and header, one token changed
+        f.seek(2000)
+        f.write(b"\x07\x00")
+    with pytest.raises(SystemExit, match=r"val_000000\.bin: sha256 is"):
+        main([str(tmp_path), "--verify"])
+
+
+# ---- 5. token ids beyond the vocabulary, found before training ----------------------------------
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_token_id_beyond_vocab_names_file_position_and_value(tmp_path, split):
+    from data.manifest import check_token_ids, read_manifest, write_manifest
+    good = stream_of(0, 5000, vocab=50257)
+    bad = good.copy()
+    bad[1234] = 50300
+    write_shard(tmp_path / f"{split}_000000.bin", good)
+    write_shard(tmp_path / f"{split}_000001.bin", bad)
+    write_manifest(tmp_path)
+    assert read_manifest(tmp_path)["files"][f"{split}_000001.bin"]["max_id"] == 50300  # recorded: no shard re-read
+    assert check_token_ids(str(tmp_path / f"{split}_000000.bin"), 50257) == good.max()
+    with pytest.raises(ValueError, match=rf"{split}_000001\.bin: token id 50300 at position 1,234 .* < 50257"):
+        check_token_ids(str(tmp_path / f"{split}_*.bin"), 50257)
+    os.remove(tmp_path / "manifest.json")  # a single explicit file without a manifest is scanned
+    with pytest.raises(ValueError, match=rf"{split}_000001\.bin: token id 50300 at position 1,234"):
+        check_token_ids(str(tmp_path / f"{split}_000001.bin"), 50257)
+
+
+# ---- 12. shard writing and downloads (data) -----------------------------------------------------
+
+def test_shard_writer_refuses_ids_it_cannot_store(tmp_path):
+    from data.shards import ShardWriter
+    w = ShardWriter(lambda i: str(tmp_path / f"s_{i:06d}.bin"), shard_tokens=10)
+    with pytest.raises(ValueError, match=r"s_000000\.bin.*\[0, 65535\], got values in \[3, 70000\]"):
+        w.add(np.array([3, 70000]))
+    with pytest.raises(ValueError, match=r"\[-1, 5\]"):
+        w.add(np.array([-1, 5]))
+    assert w.total == 0 and w.close() == []
+
+
+def test_downloads_are_pinned_and_checked_against_the_hub(tmp_path):
+    import hashlib
+    from data.download import VARIANTS, HubDownloadError, verify_download
+    assert len(VARIANTS["10B"]["revision"]) == 40 and int(VARIANTS["10B"]["revision"], 16) >= 0
+    path = write_shard(tmp_path / "fineweb_val_000000.bin", stream_of(3, 2000, vocab=50257))
+    raw = Path(path).read_bytes()
+    entry = verify_download(path, (len(raw), "sha256", hashlib.sha256(raw).hexdigest()))
+    assert entry["tokens"] == 2000 and entry["sha256"] == hashlib.sha256(raw).hexdigest()
+    blob = hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()  # a file kept in git, not LFS
+    verify_download(path, (len(raw), "git-sha1", blob))
+    with pytest.raises(HubDownloadError, match=r"fineweb_val_000000\.bin is 5,024 bytes, the hub says 5,025"):
+        verify_download(path, (len(raw) + 1, "sha256", hashlib.sha256(raw).hexdigest()))
+    with open(path, "r+b") as f:  # one byte changed in transit: size and header still right
+        f.seek(3000)
+        f.write(bytes([raw[3000] ^ 1]))
+    with pytest.raises(HubDownloadError, match=r"fineweb_val_000000\.bin has sha256 .*the hub says"):
+        verify_download(path, (len(raw), "sha256", hashlib.sha256(raw).hexdigest()))

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex
 from hints.background import SHM_DIR, BackgroundBuilder, parse_token_count
@@ -39,6 +40,7 @@ def shards(tmp_path):
     toks = rng.integers(0, 40, size=60_000).astype(np.uint16)
     write_shard(tmp_path / "train_000000.bin", toks[:25_000])
     write_shard(tmp_path / "train_000001.bin", toks[25_000:])
+    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
     return str(tmp_path / "train_*.bin"), toks
 
 
@@ -91,6 +93,7 @@ def test_bad_shard_fails_with_its_name(tmp_path, shards):
     pattern, _ = shards
     bad = tmp_path / "train_000002.bin"
     write_shard(bad, np.arange(100, dtype=np.uint16))
+    write_manifest(tmp_path)
     raw = bytearray(bad.read_bytes())
     raw[0] ^= 0xFF  # wrong magic, found only when the builder reaches this shard
     bad.write_bytes(bytes(raw))
@@ -130,10 +133,10 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
     assert leftovers(name) == []
 
 
-def test_close_stops_a_paused_builder_through_its_own_cleanup(shards):
-    pattern, _ = shards
-    files = sorted(glob.glob(pattern)) * 400  # a long build: still running when paused
-    b = BackgroundBuilder(files, 24_000_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d", log=lambda *a: None)
+def test_close_stops_a_paused_builder_through_its_own_cleanup(tmp_path):
+    long = write_shard(tmp_path / "long.bin", np.tile(np.arange(50, dtype=np.uint16), 480_000))  # 24M tokens:
+    b = BackgroundBuilder(long, 24_000_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d",  # still running
+                          log=lambda *a: None)  # when paused
     b.start()
     wait_for(b, states=("running",))  # its SIGTERM handler is installed by now
     os.kill(b.process.pid, signal.SIGSTOP)
