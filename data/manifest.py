@@ -190,27 +190,32 @@ def _check_listed(path, folder, m):
                          f"was written: write the set again, or {_how_to_record(folder)}")
 
 
-def _max_id(path):
-    """Largest token id of shard `path`: the manifest's record when the file agrees with it,
-    else one pass over the file (cached per path, size and mtime for this process)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    m = read_manifest(folder)
-    entry = m["files"].get(name) if m else None
+def _max_id(path, m):
+    """Largest token id of shard `path`: its folder's manifest `m` records it when the file
+    agrees with it; else one pass over the file (cached per path, size and mtime)."""
+    entry = m["files"].get(os.path.basename(path)) if m else None
     if entry is not None and "max_id" in entry and agrees(path, entry) is None:
         return entry["max_id"]
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
     if key not in _max_id_cache:
-        _max_id_cache[key] = describe_shard(path)["max_id"]
+        tokens = _tokens(path)
+        step = READ_BYTES // TOKEN_DTYPE.itemsize
+        _max_id_cache[key] = max((int(tokens[i:i + step].max()) for i in range(0, len(tokens), step)), default=-1)
     return _max_id_cache[key]
+
+
+def _tokens(path):
+    count = read_header(path)
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,)) if count else \
+        np.zeros(0, dtype=TOKEN_DTYPE)
 
 
 def first_id_at_least(path, vocab_size):
     """(position, value) of the first token id >= vocab_size in shard `path`, or None."""
-    count = read_header(path)
+    tokens = _tokens(path)
     step = READ_BYTES // TOKEN_DTYPE.itemsize
-    tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,)) if count else []
-    for start in range(0, count, step):
+    for start in range(0, len(tokens), step):
         bad = np.flatnonzero(tokens[start:start + step] >= vocab_size)
         if bad.size:
             pos = start + int(bad[0])
@@ -222,9 +227,12 @@ def check_token_ids(files, vocab_size):
     """Refuse shards holding a token id >= vocab_size, before any training step: ValueError
     naming the file, the position and the value. files: a glob, a path or a list (checked
     against manifests as data.loader reads them). Returns the largest id found."""
-    top = -1
+    top, manifests = -1, {}
     for path in check_shards(files):
-        m = _max_id(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in manifests:
+            manifests[folder] = read_manifest(folder)
+        m = _max_id(path, manifests[folder])
         if m >= vocab_size:
             pos, value = first_id_at_least(path, vocab_size)
             raise ValueError(f"shard {path}: token id {value} at position {pos:,} is outside the vocabulary "

@@ -263,6 +263,8 @@ class BackgroundBuilder:
             for fd in fds:
                 os.close(fd)
             raise RuntimeError(f"background hint index {name}: expected 2 file descriptors, got {len(fds)}")
+        for fd in fds:
+            os.set_inheritable(fd, False)  # a child this rank starts must not keep the memory alive
         self._fds = tuple(fds)
         return self
 
