@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_files
+from data.manifest import check_token_ids
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints import Geometry, HintIndex, n_kinds
@@ -149,14 +150,31 @@ def repo_glob(pattern):
     return pattern if os.path.isabs(pattern) or glob.glob(pattern) else os.path.join(REPO_DIR, pattern)
 
 
-def ensure_demo_corpus(args, d, log):
-    if args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"] and \
-            not glob.glob(repo_glob(args.train_files)):
-        if d.local_rank == 0:
+def open_data(args, d, log):
+    """(train files, val files, loader, val tokens), every shard checked before step 1: complete
+    manifests and token ids < --vocab-size. Bad data ends the run here, in one line naming the file."""
+    if args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"]:
+        if d.local_rank == 0:  # the local demo corpus: built on first use, rebuilt when partial
             from data.local_corpus import build_local_corpus
-            log("demo: building the local corpus from Python's standard library (first use only)")
-            build_local_corpus(progress=d.master)
+            if not build_local_corpus(progress=d.master)["reused"]:
+                log("demo: built the local corpus from Python's standard library")
         d.barrier()
+    train_files, val_files = repo_glob(args.train_files), repo_glob(args.val_files)
+    try:
+        for files in (train_files, val_files):
+            check_token_ids(files, args.vocab_size)
+        loader = DistributedDataLoader(train_files, args.batch_size, args.seq_len, rank=d.rank,
+                                       world_size=d.world_size, log=log if d.master else None)
+        val_tokens = read_val_tokens(val_files, args.val_tokens)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    _, n_val_seq, _ = val_split(len(val_tokens), args.seq_len, args.val_batch_size, 0, d.world_size)
+    if n_val_seq == 0:
+        raise SystemExit(f"error: --val-files {val_files}: {len(val_tokens):,} val tokens make no sequence of "
+                         f"{args.seq_len} + 1 per rank ({d.world_size} ranks); give more --val-tokens or val files")
+    log(f"data: train {train_files} ({loader.stream.total:,} tokens), val {val_files} "
+        f"({n_val_seq * args.seq_len * d.world_size:,} tokens scored)")
+    return train_files, val_files, loader, val_tokens
 
 
 def open_val_index(args, lengths, log):
@@ -188,21 +206,12 @@ def main(argv=None):
         + f", GPU paths {'on' if gpu_paths_enabled() else 'off'}")
 
     # -- data ----------------------------------------------------------------------------------
-    ensure_demo_corpus(args, d, log)
-    train_files, val_files = repo_glob(args.train_files), repo_glob(args.val_files)
     if args.batch_size is None:  # record: ~262k tokens per step over all ranks
         args.batch_size = max(1, min(RECORD_MAX_RANK_BATCH, RECORD_GLOBAL_BATCH_TOKENS // (d.world_size * args.seq_len)))
     args.val_batch_size = args.val_batch_size or args.batch_size
     B, T, total = args.batch_size, args.seq_len, args.steps
     global_batch = d.world_size * B * T
-    loader = DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size, log=log if d.master else None)
-    val_tokens = read_val_tokens(val_files, args.val_tokens)
-    _, n_val_seq, _ = val_split(len(val_tokens), T, args.val_batch_size, 0, d.world_size)
-    if n_val_seq == 0:
-        raise SystemExit(f"--val-files {val_files}: {len(val_tokens):,} val tokens make no sequence of {T} + 1 "
-                         f"per rank ({d.world_size} ranks); give more --val-tokens or val files")
-    log(f"data: train {train_files} ({loader.stream.total:,} tokens), val {val_files} "
-        f"({n_val_seq * T * d.world_size:,} tokens scored)")
+    train_files, val_files, loader, val_tokens = open_data(args, d, log)
 
     # -- model and optimizers --------------------------------------------------------------------
     torch.manual_seed(args.seed), np.random.seed(args.seed), random.seed(args.seed)
@@ -288,7 +297,8 @@ def main(argv=None):
                 meter.stop()
                 prep.wait_idle()  # the thread stopped at this step: index and loader are as of `step`
                 if step in val_steps:
-                    meter.record_val(step, validate(train_model, val_tokens, step=step, total=total, background=background,
+                    meter.record_val(step, validate(train_model, val_tokens, step=step, total=total,
+                                                    with_background=args.hint_tokens > 0, background=background,
                                         bg_wait=args.bg_wait, val_index=val_index, train_index=index, seq_len=T,
                                         batch_size=args.val_batch_size, dist=d, cache=cache, log=log))
                 if step in ckpt_steps:

@@ -4,17 +4,21 @@ As in modded-nanogpt's fineweb.py: every document is preceded by the end-of-text
 documents are concatenated and cut into shards of `--shard-size` tokens (a document may
 span two shards), the first shard is the validation shard and the rest are train shards:
 `fineweb_val_000000.bin`, `fineweb_train_000001.bin`, ... The writer, `write_shards`, takes
-any iterable of texts; `main` streams the dataset from the hub.
+any iterable of texts; `main` streams the dataset from the hub. A set is written whole or not
+at all (data.manifest.shard_set): a rerun that makes fewer shards leaves none of the old ones,
+and the folder's manifest.json lists exactly the new set.
 """
 
 import argparse
 import multiprocessing as mp
 import os
+import re
 import sys
 
 import numpy as np
 from tqdm import tqdm
 
+from data.manifest import shard_set
 from data.shards import TOKEN_DTYPE, ShardWriter
 from data.tokenizer import VOCAB_SIZE, encode_document, gpt2
 
@@ -58,28 +62,28 @@ def write_shards(texts, out_dir, prefix="fineweb", shard_size=SHARD_SIZE, worker
     if max_shards is not None and (not isinstance(max_shards, int) or max_shards < 1):
         raise ValueError(f"write_shards: max_shards is {max_shards!r}, expected a positive integer or None")
     workers = default_workers() if workers is None else workers
-    os.makedirs(out_dir, exist_ok=True)
     gpt2()  # build the encoding once here; forked workers inherit it
     cap = max_shards * shard_size if max_shards else None
-    writer = ShardWriter(lambda i: shard_path(out_dir, prefix, i), shard_size, max_tokens=cap)
     n_docs = 0
-    bar = tqdm(total=cap, unit="tok", unit_scale=True, desc="tokenizing", disable=not progress)
-    pool = mp.Pool(workers) if workers > 1 else None
-    try:
-        docs = pool.imap(tokenize_document, texts, chunksize=chunksize) if pool else map(tokenize_document, texts)
-        for doc in docs:
-            n_docs += 1
-            bar.update(writer.add(doc))
-            if writer.full:
-                break
-        writer.close()
-    finally:
-        bar.close()
-        if pool:
-            pool.terminate()
-            pool.join()
-    shards, counts = writer.paths, writer.counts
-    return {"documents": n_docs, "tokens": int(sum(counts)), "shards": shards, "shard_tokens": counts}
+    with shard_set(out_dir, owned=re.compile(rf"^{re.escape(prefix)}_(val|train)_\d{{6}}\.bin$")) as tmp:
+        writer = ShardWriter(lambda i: shard_path(tmp, prefix, i), shard_size, max_tokens=cap)
+        bar = tqdm(total=cap, unit="tok", unit_scale=True, desc="tokenizing", disable=not progress)
+        pool = mp.Pool(workers) if workers > 1 else None
+        try:
+            docs = pool.imap(tokenize_document, texts, chunksize=chunksize) if pool else map(tokenize_document, texts)
+            for doc in docs:
+                n_docs += 1
+                bar.update(writer.add(doc))
+                if writer.full:
+                    break
+            writer.close()
+        finally:
+            bar.close()
+            if pool:
+                pool.terminate()
+                pool.join()
+    shards = [shard_path(os.path.abspath(out_dir), prefix, i) for i in range(len(writer.paths))]
+    return {"documents": n_docs, "tokens": int(sum(writer.counts)), "shards": shards, "shard_tokens": writer.counts}
 
 
 def main(argv=None):

@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from data.shards import list_shards, read_shard, shard_token_count
+from data.manifest import check_shards
+from data.shards import read_shard, shard_token_count
 
 OPEN_SHARDS = 4  # memory maps kept open at once (1030 FineWeb100B shards would exhaust file descriptors)
 # Tokens per chunk when a stream is read in pieces (iter_tokens; HintIndex.add calls of the hint
@@ -32,9 +33,10 @@ SPEEDRUN_VAL_TOKENS = 10_485_760
 
 
 def resolve_files(files):
-    """A sorted list of shard paths from a glob pattern, a path, or a list of them."""
+    """A sorted list of shard paths from a glob pattern, a path, or a list of them, checked
+    against their folders' manifests (data/manifest.py: a glob needs a complete manifest)."""
     if isinstance(files, (str, os.PathLike)) or (isinstance(files, (list, tuple)) and files):
-        return list_shards(files)
+        return check_shards(files)
     raise FileNotFoundError(f"no shard files given (got {files!r}); expected a glob pattern or a list of paths")
 
 

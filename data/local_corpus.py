@@ -5,8 +5,9 @@ without site-packages), which every machine with Python has. Each file is one do
 preceded by the end-of-text token. The split is by file: a hash of the file's relative
 path decides val or train, so no file is in both, and the same tree always splits the
 same way. Documents go in hash order (a fixed shuffle). Output in `out_dir`:
-`train_000000.bin ...`, `val_000000.bin ...`, and `corpus.json` (parameters + summary); a
-second build with the same parameters over unchanged files reuses the shards.
+`train_000000.bin ...`, `val_000000.bin ...`, `corpus.json` (parameters + summary) and the
+shard set's `manifest.json` (data/manifest.py), written whole or not at all; a second build
+with the same parameters over unchanged files reuses a complete set, and rebuilds anything else.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
+from data.manifest import check_shards, shard_set
 from data.shards import TOKEN_DTYPE, ShardWriter, shard_token_count
 from data.tokenizer import encode_document, gpt2
 
@@ -33,7 +35,7 @@ CHUNKSIZE = 8  # files per Pool task
 EXCLUDE_DIRS = ("site-packages", "dist-packages", "__pycache__")  # third-party code and caches
 FORMAT_VERSION = 1  # bump when the corpus layout or document encoding changes
 CORPUS_JSON = "corpus.json"
-SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
+OWNED_RE = re.compile(r"^((train|val)_\d{6}\.bin|corpus\.json)$")  # the files of a corpus, replaced by a rebuild
 
 
 def stdlib_dir():
@@ -104,8 +106,10 @@ def _load_existing(out_dir, params):
             return None
         for split in ("train", "val"):
             names = summary["shards"][split]
-            counts = [shard_token_count(os.path.join(out_dir, n)) for n in names]
-            if sum(counts) != summary["tokens"][split]:
+            files = check_shards(os.path.join(out_dir, f"{split}_*.bin"))  # a complete set (its manifest agrees)
+            if [os.path.basename(f) for f in files] != names:
+                return None
+            if sum(shard_token_count(f) for f in files) != summary["tokens"][split]:
                 return None
         return summary
     except (OSError, ValueError, KeyError, TypeError):
@@ -166,56 +170,51 @@ def build_local_corpus(src_dir=None, out_dir=DEFAULT_OUT_DIR, val_fraction=VAL_F
                 print(format_summary(summary) + "\n  (reused: same parameters and source files)")
             return summary
 
-    os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(out_dir):  # a stale corpus.json or shard must not survive a rebuild
-        if name == CORPUS_JSON or SHARD_RE.match(name):
-            os.remove(os.path.join(out_dir, name))
-    writers = {
-        split: ShardWriter(lambda i, s=split: os.path.join(out_dir, f"{s}_{i:06d}.bin"), shard_tokens, cap)
-        for split, cap in (("train", max_train_tokens), ("val", max_val_tokens))
-    }
     used = {"train": [], "val": []}
     # val first, so that a train cap can stop tokenizing early
     jobs = [("val", rel) for rel in val_files] + [("train", rel) for rel in train_files]
     gpt2()  # build the encoding once here; forked workers inherit it
-    pool = mp.Pool(workers) if workers > 1 else None
-    bar = tqdm(total=len(jobs), unit="file", desc="tokenizing", disable=not progress)
-    try:
-        paths = [os.path.join(src_dir, rel) for _, rel in jobs]
-        docs = pool.imap(tokenize_file, paths, chunksize=CHUNKSIZE) if pool else map(tokenize_file, paths)
-        for (split, rel), tokens in zip(jobs, docs):
-            bar.update(1)
-            writer = writers[split]
-            if writer.full:
-                if split == "train":
-                    break
-                continue
-            writer.add(tokens)
-            used[split].append(rel)
-        for w in writers.values():
-            w.close()
-    finally:
-        bar.close()
-        if pool:
-            pool.terminate()
-            pool.join()
+    with shard_set(out_dir, owned=OWNED_RE) as tmp:
+        writers = {
+            split: ShardWriter(lambda i, s=split: os.path.join(tmp, f"{s}_{i:06d}.bin"), shard_tokens, cap)
+            for split, cap in (("train", max_train_tokens), ("val", max_val_tokens))
+        }
+        pool = mp.Pool(workers) if workers > 1 else None
+        bar = tqdm(total=len(jobs), unit="file", desc="tokenizing", disable=not progress)
+        try:
+            paths = [os.path.join(src_dir, rel) for _, rel in jobs]
+            docs = pool.imap(tokenize_file, paths, chunksize=CHUNKSIZE) if pool else map(tokenize_file, paths)
+            for (split, rel), tokens in zip(jobs, docs):
+                bar.update(1)
+                writer = writers[split]
+                if writer.full:
+                    if split == "train":
+                        break
+                    continue
+                writer.add(tokens)
+                used[split].append(rel)
+            for w in writers.values():
+                w.close()
+        finally:
+            bar.close()
+            if pool:
+                pool.terminate()
+                pool.join()
 
-    summary = {
-        "src_dir": src_dir,
-        "out_dir": out_dir,
-        "files": {"train": len(train_files), "val": len(val_files)},
-        "documents": {s: len(used[s]) for s in used},
-        "tokens": {s: int(writers[s].total) for s in writers},
-        "shards": {s: [os.path.basename(p) for p in writers[s].paths] for s in writers},
-        "train_pattern": os.path.join(out_dir, "train_*.bin"),
-        "val_pattern": os.path.join(out_dir, "val_*.bin"),
-        "params": params,
-        "file_lists": used,
-    }
-    tmp = os.path.join(out_dir, CORPUS_JSON + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(tmp, os.path.join(out_dir, CORPUS_JSON))  # written last: marks the corpus complete
+        summary = {
+            "src_dir": src_dir,
+            "out_dir": out_dir,
+            "files": {"train": len(train_files), "val": len(val_files)},
+            "documents": {s: len(used[s]) for s in used},
+            "tokens": {s: int(writers[s].total) for s in writers},
+            "shards": {s: [os.path.basename(p) for p in writers[s].paths] for s in writers},
+            "train_pattern": os.path.join(out_dir, "train_*.bin"),
+            "val_pattern": os.path.join(out_dir, "val_*.bin"),
+            "params": params,
+            "file_lists": used,
+        }
+        with open(os.path.join(tmp, CORPUS_JSON), "w") as f:
+            json.dump(summary, f, indent=1)
     summary["reused"] = False
     if progress:
         print(format_summary(summary))

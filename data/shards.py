@@ -134,15 +134,6 @@ def list_shards(pattern):
     return sorted(files)
 
 
-def check_token_range(tokens, vocab_size, name):
-    """Raise ValueError if any id in `tokens` is >= `vocab_size`; `name` says where they came from."""
-    tokens = np.asarray(tokens)
-    if tokens.size:
-        hi = int(tokens.max())
-        if hi >= vocab_size:
-            raise ValueError(f"{name}: token id {hi} found, but the vocabulary has {vocab_size} ids (expected < {vocab_size})")
-
-
 class ShardWriter:
     """Cut a stream of token arrays into shards of `shard_tokens` tokens each.
 
@@ -170,8 +161,18 @@ class ShardWriter:
         return self.max_tokens is not None and self.total >= self.max_tokens
 
     def add(self, tokens):
-        """Append a 1-D array of token ids; returns how many were taken (fewer at the cap)."""
+        """Append a 1-D array of token ids in [0, 65535]; returns how many were taken (fewer at
+        the cap). Other ids are refused (ValueError naming the shard), as write_shard refuses them."""
         tokens = np.asarray(tokens)
+        where = f"ShardWriter ({self.path_for_index(len(self.paths))})"
+        if tokens.ndim != 1:
+            raise ValueError(f"{where}: tokens must be a 1-D array, got shape {tokens.shape}")
+        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"{where}: tokens must have an integer dtype, got {tokens.dtype}")
+        if tokens.size and tokens.dtype != TOKEN_DTYPE:
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi > MAX_TOKEN:
+                raise ValueError(f"{where}: tokens must lie in [0, {MAX_TOKEN}], got values in [{lo}, {hi}]")
         n = len(tokens)
         if self.max_tokens is not None:
             n = min(n, self.max_tokens - self.total)

@@ -2,24 +2,38 @@
 
 The training run starts it (local rank 0, once per node) and goes on training; the builder
 runs on cores the training ranks leave free, adds up to `max_tokens` training tokens to an
-index backed by a file in /dev/shm, and reports progress in a small status file beside it.
-Every rank can `attach` by name and, once the status says ready, map the index read-only.
+index in shared memory, and reports progress in a small shared status record. Every rank
+can `attach` by name and, once the status says ready, map the index read-only.
 
 Failure is part of the contract: if the builder dies (killed, out of memory, bad shard),
 `status()` says "failed" with the reason, and training goes on with its fallback index.
-The builder exits when its parent exits (PR_SET_PDEATHSIG, and a parent check between
-chunks), and `close()` removes the shared-memory files; so does the builder itself on SIGTERM.
-A finished builder stays (asleep) as the keeper of its files until the trainer closes it or
-dies, so not even a trainer killed with SIGKILL leaves shared memory behind.
+
+Nothing outlives the run, however it ends. The index and the status live in anonymous
+shared memory (two memfds, never a name in /dev/shm), kept alive only by the processes that
+hold them: the process that started the builder (the owner), the builder, and the ranks that
+attached. When the last of them exits or is killed, even all at once by a SIGKILL of the
+whole process group, the kernel frees the memory. The builder dies with its parent
+(PR_SET_PDEATHSIG with SIGKILL, which also ends a builder paused by SIGSTOP; so the thread
+that calls `start()` must live as long as the run: the trainer's main thread), exits on
+SIGTERM, SIGHUP and SIGINT, and gets its spec on stdin, not in its argv.
+
+Attaching by name: the owner serves the two file descriptors on an abstract unix socket
+(`\\0hints-<name>`: no file, gone with its socket), to processes of the same user only, so
+the other local ranks attach after a barrier that follows `start()`. Ranks on one node share
+a network namespace (torchrun's local ranks do), which abstract sockets need.
 """
 import ctypes
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
+import zlib
 
 from data.loader import CHUNK_TOKENS
 from data.units import human_tokens, parse_token_count
@@ -29,30 +43,48 @@ from .index import HintIndex
 from .tokens import count_tokens, iter_chunks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+SHM_DIR = "/dev/shm"         # where named shared memory would show; this module never names any (tests look there)
 STATUS_EVERY_S = 1.0         # at most one status write per second
 PR_SET_PDEATHSIG = 1         # linux/prctl.h
-PARENT_POLL_S = 1.0          # a finished builder checks this often that its parent still runs
+STATUS_BYTES = 1 << 16       # the status record's memfd: a JSON dict, tracebacks cut to fit
+_STATUS_HEAD = struct.Struct("<II")  # JSON length, CRC32 of the JSON (a torn read fails the CRC and is retried)
+STATUS_READ_TRIES = 100      # a reader retries a torn status read this often, 1 ms apart
+SERVE_POLL_S = 0.2           # the owner's socket thread checks this often whether close() was called
+ATTACH_TIMEOUT_S = 30.0      # an attaching rank waits this long for the owner's answer
+MAX_NAME_BYTES = 100         # an abstract socket address holds 107 bytes; "hints-" + name must fit
+SO_PEERCRED_FMT = "3i"       # struct ucred: pid, uid, gid
 
 
-def paths(name):
-    base = os.path.join(SHM_DIR, f"hints-{name}")
-    return base + ".idx", base + ".json"
+def socket_address(name):
+    """The abstract unix socket (leading NUL: no file) on which the owner of `name` serves it."""
+    if not name or len(name.encode()) > MAX_NAME_BYTES or "/" in name or "\0" in name:
+        raise ValueError(f"background index name {name!r}: expected 1 to {MAX_NAME_BYTES} bytes without '/' or NUL")
+    return f"\0hints-{name}"
 
 
-def _write_status(status_file, status):
-    tmp = f"{status_file}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(status, f)
-    os.replace(tmp, status_file)
+def write_status(fd, status):
+    """Replace the status record in memfd `fd` (one pwrite: length, CRC32, JSON)."""
+    body = json.dumps(status).encode()
+    room = STATUS_BYTES - _STATUS_HEAD.size
+    if len(body) > room and status.get("traceback"):
+        cut = status["traceback"][-(room // 2):]  # keep the end of a long traceback: it names the failure
+        body = json.dumps(dict(status, traceback=cut)).encode()
+    body = body[:room]
+    os.pwrite(fd, _STATUS_HEAD.pack(len(body), zlib.crc32(body)) + body, 0)
 
 
-def _read_status(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+def read_status(fd):
+    """The status dict in memfd `fd`, or None before the builder's first write."""
+    for _ in range(STATUS_READ_TRIES):
+        raw = os.pread(fd, STATUS_BYTES, 0)
+        n, crc = _STATUS_HEAD.unpack_from(raw)
+        if n == 0:
+            return None
+        body = raw[_STATUS_HEAD.size:_STATUS_HEAD.size + n]
+        if len(body) == n and zlib.crc32(body) == crc:
+            return json.loads(body)
+        time.sleep(0.001)  # the builder is rewriting it
+    raise RuntimeError(f"background status record unreadable after {STATUS_READ_TRIES} tries")
 
 
 def _alive(pid):
@@ -70,58 +102,50 @@ def _alive(pid):
         return True
 
 
-def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, status_path, parent_pid):
-    """Entry point of the builder process (`python -m hints.background SPEC_JSON`)."""
-    def cleanup_and_exit(signum, frame):
-        for p in (idx_path, status_path):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-        os._exit(128 + signum)
+def _peer_uid(sock):
+    return struct.unpack(SO_PEERCRED_FMT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize(SO_PEERCRED_FMT)))[1]
 
-    signal.signal(signal.SIGTERM, cleanup_and_exit)
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+
+def _build_main(spec):
+    """The builder process (`python -m hints.background`, its spec as JSON on stdin)."""
+    def leave(signum, frame):
+        os._exit(128 + signum)  # nothing to clean: the memory goes with the last process holding it
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, leave)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != spec["parent_pid"]:  # the parent died before prctl took effect
+        os._exit(1)
+    index_fd, status_fd, max_tokens = spec["index_fd"], spec["status_fd"], spec["max_tokens"]
+    if spec["cpus"]:
+        os.sched_setaffinity(0, spec["cpus"])
     status = dict(state="running", pid=os.getpid(), tokens_done=0, tokens_total=max_tokens, tokens_per_s=0.0,
-                  eta_s=None, error=None, path=idx_path, geometry=geom_dict, workers=workers, started=time.time())
+                  eta_s=None, error=None, geometry=spec["geometry"], workers=spec["workers"], started=time.time())
     try:
-        geom = Geometry(**geom_dict)
-        idx = HintIndex(geom, workers=workers, path=idx_path).reserve(min(max_tokens, CHUNK_TOKENS))
+        geom = Geometry(**spec["geometry"])
+        idx = HintIndex(geom, workers=spec["workers"], path=index_fd).reserve(min(max_tokens, CHUNK_TOKENS))
         t0 = last = time.time()
-        _write_status(status_path, status)
-        for chunk in iter_chunks(train_files, max_tokens, CHUNK_TOKENS):
-            if os.getppid() != parent_pid:  # parent gone (PDEATHSIG is the fast path)
-                cleanup_and_exit(signal.SIGTERM, None)
+        write_status(status_fd, status)
+        for chunk in iter_chunks(spec["train_files"], max_tokens, CHUNK_TOKENS):
             idx.add(chunk)
             now = time.time()
             if now - last >= STATUS_EVERY_S:
                 tps = idx.tokens_added / (now - t0)
                 status.update(tokens_done=idx.tokens_added, tokens_per_s=tps,
                               eta_s=(max_tokens - idx.tokens_added) / tps if tps else None)
-                _write_status(status_path, status)
+                write_status(status_fd, status)
                 last = now
         idx.save()
         dt = time.time() - t0
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,
                       tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt,
                       hints_stored=idx.hints_stored, dropped=idx.dropped)
-        _write_status(status_path, status)
-        # stay as the files' keeper: if the trainer dies without close(), remove them
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        cleanup_and_exit(signal.SIGTERM, None)
+        write_status(status_fd, status)
     except BaseException as e:  # report every failure; the trainer goes on without this index
-        try:
-            os.unlink(idx_path)  # a half-built index is of no use to anyone
-        except OSError:
-            pass
+        os.ftruncate(index_fd, 0)  # a half-built index is of no use: give its memory back now
         status.update(state="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        _write_status(status_path, status)
+        write_status(status_fd, status)
         raise SystemExit(1)
 
 
@@ -132,7 +156,11 @@ def default_cpus(reserve):
 
 
 class BackgroundBuilder:
-    """Build an index of the first max_tokens training tokens in a separate process."""
+    """Build an index of the first max_tokens training tokens in a separate process.
+
+    Owner: BackgroundBuilder(...).start(), then status()/ready()/open(), close() at the end.
+    Other local ranks: BackgroundBuilder.attach(name) after a barrier that follows start().
+    """
 
     def __init__(self, train_files, max_tokens, geometry=None, lengths=DEFAULT_LENGTHS, workers=None, name=None,
                  cpus=None, reserve_cpus=0, log=print):
@@ -146,33 +174,96 @@ class BackgroundBuilder:
         self.workers = int(workers or len(self.cpus))
         self.train_files = train_files
         self.name = name or f"{os.getpid()}-{int(time.time())}"
-        self.idx_path, self.status_path = paths(self.name)
+        self.address = socket_address(self.name)
         self.log = log
         self.process = None
+        self._fds = None      # (index memfd, status memfd) while this handle holds them
+        self._server = None   # the owner's listening socket
+        self._stop = None
 
     def start(self):
         self.geometry.check_fits_memory(what="background hint index (shared memory)")
-        spec = dict(train_files=self.train_files, max_tokens=self.max_tokens, geom_dict=self.geometry.to_dict(),
-                    workers=self.workers, cpus=self.cpus, idx_path=self.idx_path, status_path=self.status_path,
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            server.bind(self.address)
+        except OSError as e:
+            server.close()
+            raise RuntimeError(f"background hint index {self.name}: cannot serve it ({e.strerror}); "
+                               f"is another run on this node using the same name?") from None
+        server.listen()
+        server.settimeout(SERVE_POLL_S)
+        index_fd = os.memfd_create(f"hints-{self.name}.idx", os.MFD_CLOEXEC)
+        status_fd = os.memfd_create(f"hints-{self.name}.status", os.MFD_CLOEXEC)
+        os.ftruncate(status_fd, STATUS_BYTES)
+        self._fds, self._server, self._stop = (index_fd, status_fd), server, threading.Event()
+        threading.Thread(target=self._serve, name=f"hints-{self.name}", daemon=True).start()
+        spec = dict(train_files=self.train_files, max_tokens=self.max_tokens, geometry=self.geometry.to_dict(),
+                    workers=self.workers, cpus=self.cpus, index_fd=index_fd, status_fd=status_fd,
                     parent_pid=os.getpid())
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         # a fresh interpreter, not a fork: the trainer holds CUDA state and threads
-        self.process = subprocess.Popen([sys.executable, "-m", "hints.background", json.dumps(spec)], env=env)
-        self.log(f"background hints: building {self.max_tokens:,} tokens into {self.idx_path} "
-                 f"({self.geometry.describe()}) with {self.workers} worker(s) on cpus {self.cpus}")
+        self.process = subprocess.Popen([sys.executable, "-m", "hints.background"], stdin=subprocess.PIPE,
+                                        pass_fds=self._fds, env=env)
+        try:
+            self.process.stdin.write(json.dumps(spec).encode())
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; status() reports the exit code
+        self.log(f"background hints: building {self.max_tokens:,} tokens in shared memory ({self.name}, "
+                 f"{self.geometry.describe()}) with {self.workers} worker(s) on cpus {self.cpus}")
         return self
 
+    def _serve(self):
+        """Owner's thread: hand both memfds to every same-user process that connects."""
+        server, fds, stop = self._server, self._fds, self._stop
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    if _peer_uid(conn) == os.getuid():
+                        socket.send_fds(conn, [b"hints"], list(fds))
+                except OSError:
+                    pass  # the attaching process went away
+
     @classmethod
-    def attach(cls, name, log=print):
-        """A handle on a builder another process started (for status/ready/open only)."""
+    def attach(cls, name, log=print, timeout=ATTACH_TIMEOUT_S):
+        """A handle on a builder another local process started (status/ready/open/close only).
+        Raises RuntimeError when no process of this user serves `name` on this node."""
         self = cls.__new__(cls)
-        self.name, self.log, self.process = name, log, None
-        self.idx_path, self.status_path = paths(name)
+        self.name, self.log, self.process, self._server, self._stop = name, log, None, None, None
+        self.address = socket_address(name)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.address)
+            if _peer_uid(sock) != os.getuid():
+                raise RuntimeError(f"background hint index {name}: served by another user; refusing it")
+            _, fds, _, _ = socket.recv_fds(sock, 16, 2)
+        except OSError as e:
+            raise RuntimeError(f"background hint index {name}: nobody serves it on this node ({e.strerror or e}); "
+                               f"local rank 0 must call start() before the barrier") from None
+        finally:
+            sock.close()
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"background hint index {name}: expected 2 file descriptors, got {len(fds)}")
+        for fd in fds:
+            os.set_inheritable(fd, False)  # a child this rank starts must not keep the memory alive
+        self._fds = tuple(fds)
         return self
 
     def status(self):
-        st = _read_status(self.status_path) or dict(state="starting", tokens_done=0, tokens_total=None,
-                                                    tokens_per_s=0.0, eta_s=None, error=None)
+        if self._fds is None:
+            return dict(state="failed", error=f"background hint index {self.name}: handle closed or never started",
+                        tokens_done=0, tokens_total=None, tokens_per_s=0.0, eta_s=None)
+        st = read_status(self._fds[1]) or dict(state="starting", tokens_done=0, tokens_total=None,
+                                                tokens_per_s=0.0, eta_s=None, error=None)
         if st["state"] in ("running", "starting"):
             pid = self.process.pid if self.process is not None else st.get("pid")
             dead = (self.process is not None and self.process.poll() is not None) or (
@@ -193,11 +284,11 @@ class BackgroundBuilder:
         return state
 
     def open(self, workers=1):
-        """The finished index, mapped read-only from shared memory."""
+        """The finished index, mapped read-only from shared memory (the map keeps it alive)."""
         st = self.status()
         if st["state"] != "ready":
-            raise RuntimeError(f"background hint index {self.idx_path} is not ready (state {st['state']})")
-        return HintIndex.load(self.idx_path, mmap=True, workers=workers)
+            raise RuntimeError(f"background hint index {self.name} is not ready (state {st['state']})")
+        return HintIndex.load(f"/proc/self/fd/{self._fds[0]}", mmap=True, workers=workers)
 
     def describe(self):
         """One line for logs: 'starting', progress with rate and ETA, 'ready (N tokens)' or 'failed (why)'."""
@@ -214,8 +305,8 @@ class BackgroundBuilder:
                 f"{human_tokens(st['tokens_per_s'])} tok/s{eta}")
 
     def close(self):
-        """Stop the builder if it still runs and remove its shared memory (idempotent). Only the
-        starting process removes files; attached handles just let go."""
+        """Let go of the index (idempotent). The owner also stops the builder if it still runs
+        and stops serving the name; the memory is freed once no process holds or maps it."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.send_signal(signal.SIGCONT)  # a paused (SIGSTOP) builder must see the SIGTERM
@@ -224,13 +315,14 @@ class BackgroundBuilder:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process is None:
-            return  # attached handles leave the files to the process that started the builder
-        for p in (self.idx_path, self.status_path, self.status_path + ".tmp"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        if self._server is not None:
+            self._stop.set()
+            self._server.close()
+            self._server = None
+        if self._fds is not None:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = None
 
     def __enter__(self):
         return self.start()
@@ -252,11 +344,14 @@ def start_for_node(train_files, max_tokens, lengths, name, owner, barrier, log, 
             error = f"{type(e).__name__}: {e}"
     barrier()
     if not owner:
-        handle = BackgroundBuilder.attach(name, log=log)
+        try:
+            handle = BackgroundBuilder.attach(name, log=log)
+        except RuntimeError as e:  # the owner could not start it: the same fallback
+            error = str(e)
     if error:
         log(f"background index: not building ({error}); validation falls back to the other indexes")
     return handle
 
 
 if __name__ == "__main__":
-    _build_main(**json.loads(sys.argv[1]))
+    _build_main(json.load(sys.stdin))

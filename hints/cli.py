@@ -1,6 +1,7 @@
 """`python -m hints build|lookup|stats|bench|scaling`: the hint index from the command line."""
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -21,13 +22,18 @@ def cmd_build(args):
     geom = Geometry.parse(args.geometry, n, args.lengths)
     print(f"building {geom.describe()} from {n:,} tokens with {args.workers} worker(s)")
     idx = HintIndex(geom, workers=args.workers, path=args.out if args.in_place else None)
-    t = time.perf_counter()
-    with tqdm(total=n, unit="tok", unit_scale=True, desc="build") as bar:
-        for chunk in iter_chunks(args.tokens, args.max_tokens):
-            idx.add(chunk)
-            bar.update(chunk.size)
-    dt = time.perf_counter() - t
-    idx.save(args.out)
+    try:
+        t = time.perf_counter()
+        with tqdm(total=n, unit="tok", unit_scale=True, desc="build") as bar:
+            for chunk in iter_chunks(args.tokens, args.max_tokens):
+                idx.add(chunk)
+                bar.update(chunk.size)
+        dt = time.perf_counter() - t
+        idx.save(args.out)
+    except BaseException:
+        if args.in_place and os.path.exists(args.out):
+            os.unlink(args.out)  # a half-built --in-place index is of no use (readers refuse its zero header)
+        raise
     s = idx.stats()
     print(f"built in {dt:.1f}s ({n / dt / 1e6:.1f}M tok/s): {s['hints_stored']:,} hints stored, "
           f"{s['dropped']:,} dropped, load {s['load']:.1%}, {s['full_buckets']:,} full buckets -> {args.out}")
@@ -164,7 +170,7 @@ def main(argv=None):
         ap.error("lookup: give exactly one of --text or --tokens")
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError, MemoryError) as e:
+    except (ValueError, OSError, MemoryError) as e:  # bad input, or a file the OS refused: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

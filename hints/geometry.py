@@ -37,6 +37,10 @@ CHECKSUM_BITS = {
     4: (24, 10, 8, 6),
 }
 
+# Longest n-gram length: a saved index keeps the last MAX_LENGTH tokens of its stream so that a
+# loaded index can go on adding (hints/store.py reserves that many history tokens in its header).
+MAX_LENGTH = 64
+
 # Fraction of a machine's available memory a table may take before we refuse to allocate it:
 # the rest is left for staging, the OS and the training processes.
 MAX_MEMORY_FRACTION = 0.9
@@ -94,7 +98,13 @@ class Geometry:
     lengths: tuple = DEFAULT_LENGTHS
 
     def __post_init__(self):
-        object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
+        try:
+            lengths = tuple(self.lengths)
+            if any(int(x) != x for x in lengths):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ValueError(f"lengths={self.lengths!r}: expected a sequence of integer n-gram lengths") from None
+        object.__setattr__(self, "lengths", tuple(int(x) for x in lengths))
         p, b, s, lengths = self.partition_bits, self.bucket_bits, self.slots, self.lengths
         if not (0 <= p <= 20):
             raise ValueError(f"partition_bits={p}: expected 0..20")
@@ -106,6 +116,9 @@ class Geometry:
             raise ValueError(f"lengths={lengths}: expected 1 to {max(CHECKSUM_BITS)} n-gram lengths")
         if lengths[0] < 1 or any(a >= b_ for a, b_ in zip(lengths, lengths[1:])):
             raise ValueError(f"lengths={lengths}: expected strictly increasing positive lengths")
+        if lengths[-1] > MAX_LENGTH:
+            raise ValueError(f"lengths={lengths}: the longest supported n-gram length is {MAX_LENGTH} "
+                             f"(a saved index keeps {MAX_LENGTH} tokens of stream history)")
         if p + CHECKSUM_BITS[len(lengths)][0] > 64:
             raise ValueError(f"partition_bits={p}: too many for a 64-bit hash")
 

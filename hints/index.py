@@ -11,6 +11,7 @@ import dataclasses
 import mmap
 import os
 import shutil
+import tempfile
 import time
 
 import numba
@@ -88,11 +89,18 @@ def prefault_zero(a, workers):
 
 
 class HintIndex:
+    """path: None (anonymous memory), a file path (a new file, 0600, blocks reserved; under
+    /dev/shm it is shared memory), or an open file descriptor (int) of an empty file this index
+    fills, such as a memfd shared with other processes (hints/background.py)."""
+
     def __init__(self, geom, workers=1, path=None, chunk_tokens=None):
         if isinstance(geom, str):
             geom = Geometry.preset(geom)
         if int(workers) < 1:
             raise ValueError(f"workers={workers}: expected >= 1")
+        fd = path if isinstance(path, int) else None
+        if fd is not None:
+            path = f"/proc/self/fd/{fd}"  # the same file, for the memory maps and save()
         self._init_state(geom, workers, path, chunk_tokens)
         if path is None:
             geom.check_fits_memory()
@@ -101,8 +109,12 @@ class HintIndex:
             prefault_zero(self.fill, self.workers)
             prefault_zero(self.table, self.workers)
         else:
-            self._check_space(path)
-            store.create_file(path, geom)
+            if fd is None:
+                self._check_space(path)
+                store.create_file(path, geom)
+            else:
+                geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
+                store.reserve(fd, store.layout(geom)[2], path)
             self.fill, self.table = store.map_arrays(path, geom, "r+")
 
     def _init_state(self, geom, workers, path, chunk_tokens=None, tokens_added=0, history=None, dropped=0):
@@ -256,32 +268,47 @@ class HintIndex:
             self.table.flush()
             store.write_header(path, self._header())
             return path
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(self._header())
-            fill_off, table_off, _ = store.layout(self.geom)
-            f.seek(fill_off)
-            np.ascontiguousarray(self.fill).tofile(f)
-            f.seek(table_off)
-            np.ascontiguousarray(self.table).tofile(f)
-        os.replace(tmp, path)
+        # a private temp file beside path (O_EXCL, 0600), its blocks reserved before writing, then
+        # fsync and rename: a failure leaves neither a partial index at path nor the temp file
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fill_off, table_off, total = store.layout(self.geom)
+                store.reserve(f.fileno(), total, path)
+                f.write(self._header())
+                f.seek(fill_off)
+                np.ascontiguousarray(self.fill).tofile(f)
+                f.seek(table_off)
+                np.ascontiguousarray(self.table).tofile(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
         return path
 
     @classmethod
     def load(cls, path, mmap=True, verify=None, workers=1):
         """Open a saved index. mmap=True maps it read-only (header-only cost); mmap=False reads
-        it into memory. The data checksum is verified on full loads, or when verify=True."""
+        it into memory. The data checksum is verified on full loads, or when verify=True; the
+        header and the bucket fill counts always are (a corrupt file is a ValueError naming it)."""
         hdr = store.read_header(path)
         geom = hdr["geometry"]
         self = cls.__new__(cls)
         self._init_state(geom, workers, path, tokens_added=hdr["tokens_added"], history=hdr["history"],
                          dropped=hdr["dropped"])
+        if not mmap:
+            geom.check_fits_memory()
+        fill, table = store.map_arrays(path, geom, "r")
+        fill = np.array(fill) if mmap else fill  # a private copy: the counts checked are the counts used
+        store.check_fill(path, fill, geom.slots, hdr["hints_stored"])
         if mmap:
-            self.fill, self.table = store.map_arrays(path, geom, "r")
+            self.fill, self.table = fill, table
             self.readonly = True
         else:
-            geom.check_fits_memory()
-            fill, table = store.map_arrays(path, geom, "r")
             self.fill, self.table = alloc(fill.shape, np.uint16), alloc(table.shape, np.uint64)
             self.fill[:], self.table[:] = fill, table
             self.path = None

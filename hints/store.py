@@ -6,24 +6,32 @@
     page-aligned after  slot table, uint64[2^P, 2^B, S]
 
 Both arrays are page-aligned so `np.memmap` maps them as they are: loading with mmap=True
-reads the header only. The data checksum (``kernels.checksum64`` over fill and table) is
-checked on a full load and on request (``verify=True``); the header CRC, the geometry and
-the file size are always checked.
+reads the header and the fill counts only. The data checksum (``kernels.checksum64`` over
+fill and table) is checked on a full load and on request (``verify=True``); the header CRC,
+the geometry, the file size and every bucket's fill count (<= slots, summing to the header's
+hint count: the lookup kernels rely on it) are always checked, so no file content can make a
+kernel read or write out of bounds.
+
+Files are created mode 0600 with O_EXCL|O_NOFOLLOW (never through a planted symlink), and
+their blocks are reserved up front (posix_fallocate): a full disk or shared-memory folder is
+an error naming the file when it is created, never a SIGBUS in the middle of a build.
 """
+import errno
 import os
 import struct
 import zlib
 
 import numpy as np
 
-from .geometry import Geometry
+from .geometry import CHECKSUM_BITS, MAX_LENGTH, Geometry, _human
 
 MAGIC = b"NGHINTS\x00"
 VERSION = 1
 HEADER_BYTES = 4096   # one page, so the arrays after it are page-aligned
 PAGE = 4096
-MAX_LENGTHS = 8
-HISTORY_TOKENS = 64   # stream tail kept so a loaded index can go on adding (longest length <= 64)
+MAX_LENGTHS = 8              # length fields in the header; Geometry allows at most max(CHECKSUM_BITS) = 4
+HISTORY_TOKENS = MAX_LENGTH  # stream tail kept so a loaded index can go on adding (Geometry refuses longer lengths)
+assert max(CHECKSUM_BITS) <= MAX_LENGTHS
 
 # magic, version, P, B, S, n_lengths, lengths[8], tokens_added, hints_stored, dropped,
 # data_checksum, history_len, history[64] (uint16), then the CRC32 of all of that.
@@ -43,8 +51,6 @@ def layout(geom):
 
 
 def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history):
-    if max(geom.lengths) > HISTORY_TOKENS:
-        raise ValueError(f"lengths {geom.lengths}: the file format keeps {HISTORY_TOKENS} tokens of history")
     lengths = list(geom.lengths) + [0] * (MAX_LENGTHS - geom.n_lengths)
     hist = list(int(x) for x in history) + [0] * (HISTORY_TOKENS - len(history))
     body = _FIELDS.pack(MAGIC, VERSION, geom.partition_bits, geom.bucket_bits, geom.slots, geom.n_lengths,
@@ -78,17 +84,38 @@ def read_header(path):
     lengths = fields[6:6 + n_len]
     rest = fields[6 + MAX_LENGTHS:]
     tokens_added, hints_stored, dropped, data_checksum, hist_len = rest[:5]
-    history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
     try:
         geom = Geometry(p, b, s, tuple(lengths))
     except ValueError as e:
         raise ValueError(f"hint index {path}: bad geometry in header: {e}") from None
+    if hist_len != min(tokens_added, max(geom.lengths)):
+        raise ValueError(f"hint index {path}: header keeps {hist_len} history tokens, expected "
+                         f"min(tokens added {tokens_added}, longest length {max(geom.lengths)}); corrupt header")
+    for name, v in (("tokens_added", tokens_added), ("dropped", dropped)):
+        if v >= 1 << 63:
+            raise ValueError(f"hint index {path}: header field {name} is {v}, expected < 2^63; corrupt header")
+    history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
     expected = layout(geom)[2]
     if size != expected:
         raise ValueError(f"hint index {path}: file is {size} bytes, expected {expected} for geometry "
                          f"{geom.describe()}; truncated or corrupt")
     return dict(geometry=geom, tokens_added=tokens_added, hints_stored=hints_stored, dropped=dropped,
                 data_checksum=data_checksum, history=history)
+
+
+def check_fill(path, fill, slots, hints_stored):
+    """Refuse fill counts the lookup kernels cannot trust: every bucket holds at most `slots`
+    hints and the counts sum to the header's hint count. `fill` is the (small) uint16 array."""
+    flat = np.asarray(fill).reshape(-1)
+    worst = int(flat.argmax()) if flat.size else 0
+    if flat.size and flat[worst] > slots:
+        p, b = divmod(worst, fill.shape[1])
+        raise ValueError(f"hint index {path}: bucket {b} of partition {p} claims {int(flat[worst])} hints, "
+                         f"but a bucket has {slots} slots; the file is corrupt")
+    total = int(flat.sum(dtype=np.int64))
+    if total != hints_stored:
+        raise ValueError(f"hint index {path}: the bucket fill counts sum to {total:,} hints, the header says "
+                         f"{hints_stored:,}; the file is corrupt")
 
 
 def write_header(path, header_bytes):
@@ -98,11 +125,37 @@ def write_header(path, header_bytes):
         os.fsync(f.fileno())
 
 
+PRIVATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # a new file of our own, not a link's target
+PRIVATE_MODE = 0o600                                                # index files and segments: owner only
+
+
+def reserve(fd, nbytes, path):
+    """Give the open file `fd` its `nbytes` of blocks now (posix_fallocate): writing through a
+    memory map later cannot then fail with SIGBUS. No space is an OSError naming the file."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOMEM):
+            raise OSError(e.errno, f"hint index {path}: cannot reserve {nbytes:,} bytes ({_human(nbytes)}): "
+                                   f"{os.strerror(e.errno)}") from None
+        raise
+
+
 def create_file(path, geom):
-    """A file of the right size with an invalid (zero) header: readers refuse it until saved."""
+    """A new file at `path` (an old file or link there is removed first), mode 0600, of the
+    geometry's size with every block reserved, and an invalid (zero) header: readers refuse it
+    until saved. On any failure nothing is left at `path`."""
     total = layout(geom)[2]
-    with open(path, "wb") as f:
-        f.truncate(total)
+    if os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_RDWR | PRIVATE_FLAGS, PRIVATE_MODE)
+    try:
+        reserve(fd, total, path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
     return total
 
 

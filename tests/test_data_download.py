@@ -1,5 +1,6 @@
 """Tests for data/download.py and the cached_fineweb scripts, without any network access."""
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -12,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 from data import download
-from data.download import HubUnreachableError, download_fineweb, shard_names
-from data.shards import read_shard, write_shard
+from data.download import HubDownloadError, HubUnreachableError, download_fineweb, shard_names
+from data.manifest import read_manifest
+from data.shards import read_shard
 
 
 @pytest.fixture
@@ -72,31 +74,72 @@ def test_connection_error_during_download(tmp_path, monkeypatch, online_env):
         download_fineweb("10B", 1, tmp_path, progress=False)
 
 
-def test_skips_complete_and_replaces_broken(tmp_path, monkeypatch, online_env):
+def shard_bytes(tokens):
+    """The bytes write_shard makes for `tokens` (what the fake hub serves)."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = 20240520, 1, len(tokens)
+    return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, online_env):
+    """The hub client's two calls, serving `served` {name: bytes} at the pinned 10B commit; the
+    code under test (listing, verification, manifest) is the real one."""
     import huggingface_hub
+    from huggingface_hub.hf_api import RepoFile
 
-    for name in shard_names(3):
-        write_shard(tmp_path / name, np.arange(10))
-    with open(tmp_path / "fineweb_train_000002.bin", "r+b") as f:
-        f.truncate(1030)  # incomplete download
-    fetched = []
+    served, published, fetched = {}, {}, []
+    pinned = download.VARIANTS["10B"]["revision"]
 
-    def fake_download(repo_id, filename, repo_type, local_dir):
-        assert repo_id == "kjj0/fineweb10B-gpt2" and repo_type == "dataset"
+    def get_paths_info(self, repo_id, paths, revision=None, repo_type=None, **kw):
+        assert repo_id == "kjj0/fineweb10B-gpt2" and repo_type == "dataset" and revision == pinned
+        return [RepoFile(path=n, size=len(published.get(n, served[n])), oid="0" * 40,
+                         lfs={"size": len(published.get(n, served[n])), "oid": hashlib.sha256(published.get(n, served[n])).hexdigest(),
+                              "pointerSize": 134}) for n in paths]
+
+    def hf_hub_download(repo_id, filename, repo_type, revision, local_dir):
+        assert repo_id == "kjj0/fineweb10B-gpt2" and repo_type == "dataset" and revision == pinned
         fetched.append(filename)
-        write_shard(os.path.join(local_dir, filename), np.arange(20))
+        with open(os.path.join(local_dir, filename), "wb") as f:
+            f.write(served[filename])
         return os.path.join(local_dir, filename)
 
     monkeypatch.setattr(download, "check_hub_reachable", lambda out_dir: None)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "get_paths_info", get_paths_info)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    return served, published, fetched
+
+
+def test_verifies_present_files_and_replaces_broken(tmp_path, fake_hub):
+    served, published, fetched = fake_hub
+    for i, name in enumerate(shard_names(3)):
+        served[name] = shard_bytes(np.arange(10 + i))
+        (tmp_path / name).write_bytes(served[name])  # copied by hand: no manifest yet
+    (tmp_path / "fineweb_train_000002.bin").write_bytes(served["fineweb_train_000002.bin"][:1030])  # interrupted
+    (tmp_path / "fineweb_train_000001.bin").write_bytes(shard_bytes(np.arange(11) + 1))  # right size, wrong bytes
     paths = download_fineweb("10B", 3, tmp_path, progress=False)
-    assert fetched == ["fineweb_train_000002.bin"]
+    assert sorted(fetched) == ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]  # the val shard checked out
     assert [os.path.basename(p) for p in paths] == shard_names(3)
-    assert len(read_shard(paths[2])) == 20 and len(read_shard(paths[1])) == 10
+    assert [len(read_shard(p)) for p in paths] == [10, 11, 12, 13] and read_shard(paths[1])[0] == 0
+    m = read_manifest(tmp_path)
+    assert sorted(m["files"]) == sorted(shard_names(3)) and m["source"]["revision"] == download.VARIANTS["10B"]["revision"]
+    assert m["files"]["fineweb_train_000002.bin"]["sha256"] == hashlib.sha256(served["fineweb_train_000002.bin"]).hexdigest()
 
     fetched.clear()
-    download_fineweb("10B", 3, tmp_path, progress=False)  # everything complete: no hub access at all
+    served.clear()  # everything is listed in the manifest: no hub access at all
+    download_fineweb("10B", 3, tmp_path, progress=False)
     assert fetched == []
+
+
+def test_a_download_that_fails_its_check_is_removed(tmp_path, fake_hub):
+    served, published, fetched = fake_hub
+    for name in shard_names(1):
+        served[name] = shard_bytes(np.arange(10))
+    published["fineweb_train_000001.bin"] = shard_bytes(np.arange(10) + 1)  # the hub publishes other bytes
+    with pytest.raises(HubDownloadError, match=r"fineweb_train_000001\.bin has sha256 .* the hub says"):
+        download_fineweb("10B", 1, tmp_path, progress=False)
+    assert not (tmp_path / "fineweb_train_000001.bin").exists()
+    assert sorted(read_manifest(tmp_path)["files"]) == ["fineweb_val_000000.bin"]  # only what passed
 
 
 def test_bad_arguments(tmp_path):
@@ -106,7 +149,7 @@ def test_bad_arguments(tmp_path):
         download_fineweb("10B", 104, tmp_path)
 
 
-@pytest.mark.parametrize("module", ["data.cached_fineweb10B", "data.cached_fineweb100B", "data.fineweb",
+@pytest.mark.parametrize("module", ["data.cached_fineweb10B", "data.cached_fineweb100B", "data.fineweb", "data.manifest",
                                     "data.local_corpus"])
 def test_cli_help(module):
     p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from data.loader import DistributedDataLoader, TokenStream, iter_tokens, read_tokens
+from data.manifest import write_manifest
 from data.shards import write_shard
 
 SHARD_SIZES = [1000, 37, 0, 1500, 463]  # uneven, with an empty shard: batches cross shard boundaries
@@ -19,6 +20,7 @@ def make_shards(tmp_path, sizes=SHARD_SIZES, seed=0):
     for i, n in enumerate(sizes):
         paths.append(write_shard(tmp_path / f"train_{i:06d}.bin", stream[pos:pos + n]))
         pos += n
+    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
     return str(tmp_path / "train_*.bin"), stream.astype(np.uint16)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from data.shards import (
-    HEADER_BYTES, MAGIC, VERSION, ShardWriter, check_token_range, is_complete_shard, list_shards,
+    HEADER_BYTES, MAGIC, VERSION, ShardWriter, is_complete_shard, list_shards,
     read_header, read_shard, shard_token_count, write_shard,
 )
 
@@ -145,12 +145,6 @@ def test_list_shards(tmp_path):
     assert both == list_shards(pattern)
     with pytest.raises(FileNotFoundError, match="nothing_"):
         list_shards(str(tmp_path / "nothing_*.bin"))
-
-
-def test_check_token_range():
-    check_token_range(np.array([0, 50256]), 50257, "x")
-    with pytest.raises(ValueError, match=r"shard q\.bin: token id 50257"):
-        check_token_range(np.array([1, 50257]), 50257, "shard q.bin")
 
 
 def test_shard_writer(tmp_path):

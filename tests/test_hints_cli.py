@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from data.manifest import write_manifest
 from data.shards import write_shard
 from data.tokenizer import gpt2
 from hints import HintIndex, ReferenceIndex
@@ -30,6 +31,7 @@ def shards(tmp_path_factory):
     train = np.concatenate([toks, noise, toks])
     write_shard(d / "train_000000.bin", train)
     write_shard(d / "val_000000.bin", toks)
+    write_manifest(d)  # a glob of a folder needs its manifest (data/manifest.py)
     np.save(d / "train.npy", train)
     return d, train, toks
 

@@ -50,7 +50,8 @@ def test_nothing_imports_the_entry_point_or_edits_sys_path():
         if path.name == "test_layout.py":
             continue
         assert "train_gpt" not in imported_modules(path), f"{path.relative_to(REPO)} imports train_gpt"
-        assert "sys.path.insert" not in path.read_text(), f"{path.relative_to(REPO)} edits sys.path"
+        text = path.read_text()
+        assert "sys.path.insert" not in text and "sys.path[0]" not in text, f"{path.relative_to(REPO)} edits sys.path"
 
 
 def test_the_design_is_cited_inside_the_repo():

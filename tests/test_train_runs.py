@@ -17,6 +17,7 @@ import pytest
 
 from data.loader import iter_tokens
 from data.local_corpus import build_local_corpus, stdlib_dir
+from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex
 from hints.background import SHM_DIR
@@ -51,6 +52,7 @@ def corpus(tmp_path_factory):
     write_shard(d / "train_000000.bin", phrase_stream(60_000, 1, phrases))
     write_shard(d / "train_000001.bin", phrase_stream(40_000, 2, phrases))
     write_shard(d / "val_000000.bin", phrase_stream(10_000, 3, phrases))
+    write_manifest(d)
     return d
 
 

@@ -131,18 +131,20 @@ def pick_val_index(background_ready, background_state, have_val_index, have_trai
 VAL_LOOKUP_WORKERS = 4
 
 
-def validate(model, val_tokens, *, step, total, background, bg_wait, val_index, train_index, seq_len,
-             batch_size, dist, cache, log):
+def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
+             seq_len, batch_size, dist, cache, log):
     """One validation of a run: wait for a late background index at the end (up to bg_wait
     seconds), pick the index on every rank alike, evaluate with and without hints, log one line.
+    with_background: the run asked for a background index (the same on every rank, even where
+    `background` is None because it could not start or attach there).
     Returns evaluate()'s dict plus index (kind), index_reason, index_tokens and index_desc."""
     t0 = time.perf_counter()
     if background is not None and step == total and bg_wait > 0 and background.status()["state"] in ("starting", "running"):
         log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()})")
         background.wait(bg_wait)
-    ready = dist.gather(background.ready()) if background is not None else []
+    ready = dist.gather(background is not None and background.ready()) if with_background else []
     have = (val_index is not None, train_index is not None)
-    source = pick_val_index(ready, background.describe() if background is not None else None, *have)
+    source = pick_val_index(ready, background.describe() if background is not None else "failed to start", *have)
     index = {"val-index": val_index, "training": train_index}.get(source.kind)
     if source.kind == "background":
         try:
