@@ -47,6 +47,11 @@ TOKEN_BITS = 16  # a follower token fits in the low 16 bits of a (query n-gram, 
 TOKEN_MASK = (1 << TOKEN_BITS) - 1
 TORCH_CPU_CHUNK = 1 << 22  # training tokens per step of the torch backend on CPU (~0.5 GiB of temporaries)
 TORCH_GPU_CHUNK = 1 << 27  # ... and on a GPU (temporaries ~ 40 B/token: 5 GiB)
+MERGE_PAIRS_CPU = 1 << 24  # (query n-gram, follower) hits buffered before a merge (a sort) on CPU: 128 MiB
+MERGE_PAIRS_GPU = 1 << 27  # ... and on a GPU: 1 GiB
+BITMAP_BITS_PER_NGRAM = 16  # bitmap of the query fingerprints' top bits: ~16 bits per distinct n-gram,
+BITMAP_MIN_BITS = 16        # so a training n-gram not in the query passes it with p ~ 1/16
+BITMAP_MAX_BITS = 30        # (128 MiB of bools at most)
 BACKENDS = ("torch", "triton")
 
 
@@ -138,7 +143,7 @@ def _train_pieces(train, max_piece):
 
 
 def count_exact(query, train, lengths=(6, 10, 20), backend="torch", device=None, chunk_tokens=None,
-                progress=None, **backend_options):
+                progress=None, stats=None, **backend_options):
     """Exact hints for every position of `query`: the most frequent follower of each of its
     n-grams in `train` (ties to the smallest id), the n-gram's count, purity and kind.
 
@@ -147,7 +152,8 @@ def count_exact(query, train, lengths=(6, 10, 20), backend="torch", device=None,
     are taken as they are. Returns `Hints` with HintIndex.lookup's shapes (len(lengths),
     len(query)) and conventions. chunk_tokens: training tokens per step (default: sized for
     the device). progress: something with update(n) (a tqdm bar), told of each step's tokens.
-    backend_options go to the Triton counter (block, programs, pair_capacity, max_pair_bytes).
+    stats: a dict to fill with the counter's figures (tables, pairs, syncs). backend_options go
+    to the Triton counter (block, programs, pair_capacity, max_pair_bytes).
     """
     lengths = check_lengths(lengths)
     query = as_tokens(query, name="query")
@@ -169,6 +175,8 @@ def count_exact(query, train, lengths=(6, 10, 20), backend="torch", device=None,
         if progress is not None:
             progress.update(len(piece))
     tok, cnt, top = counter.result()
+    if stats is not None:
+        stats.update(counter.stats())
     return hints_from_counts(tok, cnt, top)
 
 
@@ -178,43 +186,55 @@ class TorchCounter:
     """Sort/unique/searchsorted counting on torch tensors (CPU or GPU).
 
     Per length k: the sorted distinct query fingerprints `uniq[k]` (a query n-gram's id is its
-    rank there), and the (id << 16 | follower) pairs seen so far with their counts, sorted.
-    Each training chunk is fingerprinted (a length only where the next shorter one was found:
-    a longer n-gram of the query ends in a shorter one), looked up by searchsorted, and its
-    pairs are merged into the running counts.
+    rank there), a bitmap of their top bits (most training positions miss it and skip the
+    search), and the (id << 16 | follower) pairs counted so far, sorted, with their counts.
+    Each training chunk is fingerprinted (a longer length only where the shorter one was found:
+    a longer query n-gram ends in a shorter one), looked up with searchsorted, and its pairs
+    are buffered and merged into the counts with unique once MERGE_PAIRS have gathered.
     """
 
     def __init__(self, query, lengths, device):
         import torch
         self.torch, self.device, self.lengths = torch, device, lengths
         self.lmax = lengths[-1]
-        self.A = torch.tensor([a - (1 << 64) if a >> 63 else a for a in multipliers(self.lmax)],
-                              dtype=torch.int64, device=device)  # int64 bit patterns of the uint64 multipliers
+        self.A = [a - (1 << 64) if a >> 63 else a for a in multipliers(self.lmax)]  # int64 bit patterns
         q = torch.from_numpy(query.astype(np.int64)).to(device)
         ends = torch.arange(1, q.numel() + 1, device=device)  # the n-gram ending at t ends before t + 1
         self.n_query = q.numel()
-        self.uniq, self.qid = [], []
+        self.uniq, self.qid, self.bitmap, self.bitmap_bits = [], [], [], []
         for k, f in enumerate(self._fingerprints(q, ends)):
             valid = ends >= lengths[k]
             u, inv = torch.unique(f[valid], return_inverse=True)
             qid = torch.full((q.numel(),), -1, dtype=torch.int64, device=device)
             qid[valid] = inv
+            bits = min(BITMAP_MAX_BITS, max(BITMAP_MIN_BITS, (BITMAP_BITS_PER_NGRAM * u.numel()).bit_length()))
+            bitmap = torch.zeros(1 << bits, dtype=torch.bool, device=device)
+            bitmap[self._top_bits(u, bits)] = True
             self.uniq.append(u)
             self.qid.append(qid)
+            self.bitmap.append(bitmap)
+            self.bitmap_bits.append(bits)
         self.pairs = [torch.zeros(0, dtype=torch.int64, device=device) for _ in lengths]
         self.counts = [torch.zeros(0, dtype=torch.int64, device=device) for _ in lengths]
+        self.buffer = [[] for _ in lengths]
+        self.buffered = 0
+        self.merge_pairs = MERGE_PAIRS_GPU if device.type == "cuda" else MERGE_PAIRS_CPU
         self.tail = torch.zeros(0, dtype=torch.int64, device=device)
         self.seen = 0
+
+    @staticmethod
+    def _top_bits(f, bits):
+        return (f >> (64 - bits)) & ((1 << bits) - 1)  # >> is arithmetic on int64: mask the sign copies
 
     def _fingerprints(self, buf, ends):
         """F_L of the windows buf[e-L .. e-1] (e in ends) for each length, at every end."""
         torch = self.torch
         s = torch.zeros(ends.numel(), dtype=torch.int64, device=self.device)
-        padded = torch.cat([torch.zeros(self.lmax, dtype=torch.int64, device=self.device), buf])
+        padded = torch.cat([torch.zeros(self.lmax, dtype=torch.int64, device=self.device), buf]) + 1
         out, lo = [], 0
         for L in self.lengths:
             for i in range(lo, L):
-                s += (padded[ends + (self.lmax - 1 - i)] + 1) * self.A[i]
+                s.add_(padded[ends + (self.lmax - 1 - i)], alpha=self.A[i])
             lo = L
             out.append(torch.where(s == 0, torch.ones_like(s), s))
         return out
@@ -225,45 +245,66 @@ class TorchCounter:
         chunk = chunk.to(self.device, torch.int64)
         if chunk.numel() == 0:
             return
-        ext = torch.cat([self.tail, chunk])
-        h = self.tail.numel()
-        first = self.seen - h  # stream index of ext[0]
-        padded = torch.cat([torch.zeros(self.lmax, dtype=torch.int64, device=self.device), ext])
-        j = torch.arange(h, ext.numel(), device=self.device)  # followers: ext[j] follows ext[j-L .. j-1]
-        follower = ext[h:]
-        s = torch.zeros(j.numel(), dtype=torch.int64, device=self.device)
-        lo = 0
+        ext = torch.cat([self.tail, chunk])  # followers are ext[j] for j >= h, after ext[j-L .. j-1]
+        h, first, lmax = self.tail.numel(), self.seen - self.tail.numel(), self.lmax  # first: stream index of ext[0]
+        self.tail = ext[-min(lmax, ext.numel()):]
+        self.seen += chunk.numel()
+        j0 = max(h, self.lengths[0] - first)  # the first follower of a whole shortest n-gram
+        n = ext.numel() - j0
+        if n <= 0:
+            return
+        x1 = torch.cat([torch.zeros(lmax, dtype=torch.int64, device=self.device), ext]) + 1  # token + 1, padded
+        s = torch.zeros(n, dtype=torch.int64, device=self.device)
+        for i in range(self.lengths[0]):  # all positions: contiguous slices
+            a = j0 + lmax - 1 - i
+            s.add_(x1[a:a + n], alpha=self.A[i])
+        j = None  # the surviving followers' ext indices (all of j0.. until the first filter)
+        lo = self.lengths[0]
         for k, L in enumerate(self.lengths):
-            for i in range(lo, L):
-                s += (padded[j + (self.lmax - 1 - i)] + 1) * self.A[i]
-            lo = L
-            keep = j + first >= L
-            j, s, follower = j[keep], s[keep], follower[keep]
+            if k:
+                keep = j + first >= L
+                j, s = j[keep], s[keep]
+                for i in range(lo, L):
+                    s.add_(x1[j + (lmax - 1 - i)], alpha=self.A[i])
+                lo = L
             f = torch.where(s == 0, torch.ones_like(s), s)
+            cand = self.bitmap[k][self._top_bits(f, self.bitmap_bits[k])].nonzero().squeeze(1)
+            j = cand + j0 if j is None else j[cand]
+            f, s = f[cand], s[cand]
             u = self.uniq[k]
-            if u.numel() == 0:
-                break
-            pos = torch.searchsorted(u, f).clamp_(max=u.numel() - 1)
-            hit = u[pos] == f
-            j, s, follower, pos = j[hit], s[hit], follower[hit], pos[hit]
+            pos = torch.searchsorted(u, f).clamp_(max=max(u.numel() - 1, 0))
+            hit = u[pos] == f if u.numel() else torch.zeros_like(f, dtype=torch.bool)
+            j, s, pos = j[hit], s[hit], pos[hit]
             if j.numel() == 0:
                 break
-            pairs, counts = torch.unique(pos * (1 << TOKEN_BITS) + follower, return_counts=True)
-            self._merge(k, pairs, counts)
-        self.tail = ext[-min(self.lmax, ext.numel()):]
-        self.seen += chunk.numel()
+            self.buffer[k].append(pos * (1 << TOKEN_BITS) + ext[j])
+            self.buffered += j.numel()
+        if self.buffered >= self.merge_pairs:
+            self._merge()
 
-    def _merge(self, k, pairs, counts):
+    def _merge(self):
+        """Fold the buffered pairs (count 1 each) into the sorted pairs and counts."""
         torch = self.torch
-        allp = torch.cat([self.pairs[k], pairs])
-        allc = torch.cat([self.counts[k], counts])
-        merged, inv = torch.unique(allp, return_inverse=True)
-        self.pairs[k] = merged
-        self.counts[k] = torch.zeros(merged.numel(), dtype=torch.int64, device=self.device).scatter_add_(0, inv, allc)
+        for k in range(len(self.lengths)):
+            if not self.buffer[k]:
+                continue
+            new = torch.cat(self.buffer[k])
+            allp = torch.cat([self.pairs[k], new])
+            allc = torch.cat([self.counts[k], torch.ones_like(new)])
+            merged, inv = torch.unique(allp, return_inverse=True)
+            self.pairs[k] = merged
+            self.counts[k] = torch.zeros(merged.numel(), dtype=torch.int64, device=self.device).scatter_add_(0, inv, allc)
+            self.buffer[k] = []
+        self.buffered = 0
+
+    def stats(self):
+        return dict(training_tokens=self.seen, distinct_query_ngrams=[u.numel() for u in self.uniq],
+                    pairs=[p.numel() for p in self.pairs])
 
     def result(self):
         """(hinted token, n-gram count, top follower's count): int32 NumPy arrays (K, n)."""
         torch = self.torch
+        self._merge()
         K, n = len(self.lengths), self.n_query
         tok = torch.full((K, n), -1, dtype=torch.int64, device=self.device)
         cnt = torch.zeros((K, n), dtype=torch.int64, device=self.device)

@@ -135,6 +135,7 @@ class TritonCounter:
         self.ext = torch.zeros(self.lmax, dtype=torch.uint16, device=device)  # the last LMAX tokens, then a chunk
         self.seen = 0
         self.syncs = 0
+        self.launches = 0  # count_stream launches
         self.growths = []  # the pair table's fill bound at each doubling
 
     def _grid(self, n):
@@ -190,11 +191,17 @@ class TritonCounter:
             self.ext = ext
         self.ext[lmax:lmax + m].copy_(_as_device_tokens(piece, torch))
         first = min(self.seen, lmax) - lmax  # stream index of ext[0]; only whether first + j >= L matters
+        self.launches += 1
         self._launch(self.kernels.count_stream, self._grid(m), self.ext, lmax + m, first, self.A, self.keys,
                      self.pairs, self.fill, self.scratch, BOUNDS=self.bounds, CAP_BITS=self.cap_bits,
                      PAIR_BITS=self.pair_bits, BLOCK=self.block)
         self.ext[:lmax] = self.ext[m:m + lmax].clone()
         self.seen += m
+
+    def stats(self):
+        return dict(training_tokens=self.seen, pairs=int(self.fill.item()), pair_slots=self.pair_slots,
+                    pair_table_bytes=PAIR_SLOT_BYTES * self.pair_slots, query_slots=1 << self.cap_bits,
+                    launches=self.launches, syncs=self.syncs, growths=len(self.growths))
 
     def result(self):
         """(hinted token, n-gram count, top follower's count): int32 NumPy arrays (K, n)."""
