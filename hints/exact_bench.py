@@ -75,7 +75,7 @@ def run_exact_bench(train, query, lengths=(6, 10, 20), workers=2, repeats=3, log
     row("exact count, torch on CPU", ex[:3])
     res["ratio_exact_cpu_vs_index"] = both[0] / ex[0]
     has = exact.count > 0
-    res["index_differs_share"] = float(np.mean([(getattr(index_hints, f) != getattr(exact, f)) for f in FIELDS], 0)[has].mean())
+    res["index_differs_share"] = float(np.any([getattr(index_hints, f) != getattr(exact, f) for f in FIELDS], axis=0)[has].mean())
     res["index_token_differs_share"] = float((index_hints.token != exact.token)[has].mean())
     res["exact_hint_share"] = [float(r) for r in has.mean(axis=1)]
     log(f"  exact hints at {', '.join(f'{r:.1%}' for r in res['exact_hint_share'])} of positions (per length); "
