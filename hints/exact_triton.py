@@ -5,8 +5,8 @@ TRITON_INTERPRET mode, set only while they are loaded and run), slowly: for test
 inputs. The caller is hints.exact.count_exact.
 
 Memory. The query table and the per-slot totals take 3 x 8 B x len(lengths) x C, with C the
-power of two >= 2 x len(query) (5 GB for the 10,485,760 FineWeb validation tokens). The pair
-table starts at about 16 B x 2 x len(lengths) x len(query) and doubles as it fills, up to
+power of two >= 2 x len(query) (2.4 GB for the 10,485,760 FineWeb validation tokens). The pair
+table starts at about 16 B x 2 x len(lengths) x len(query) (1 GiB there) and doubles as it fills, up to
 PAIR_MEMORY_FRACTION of the memory free at the start. Training tokens go to the device one
 chunk at a time (2 B/token, chunks of up to GPU_CHUNK tokens) behind the longest length's
 worth of the previous chunk, so n-grams across chunk boundaries count.

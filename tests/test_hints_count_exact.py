@@ -288,3 +288,21 @@ def test_kernels_compile_for_hopper():
     assert "atom.global.relaxed.gpu.cas.b64" in ptx["count_stream"] and "shr.u64" in ptx["count_stream"]
     assert "atom.global.relaxed.gpu.cas.b64" in ptx["insert_queries"]
     assert "max.s64" in ptx["reduce_pairs"] and ".local" not in ptx["count_stream"]
+
+
+def test_exact_bench_cli(tmp_path, stdlib_tokens):
+    """`python -m hints exact-bench` end to end on small .npy streams: the table, the interpreter's
+    agreement with the reference, and no fingerprint collisions."""
+    train = np.concatenate([stdlib_tokens(f) for f in ("heapq.py", "bisect.py", "textwrap.py")])
+    np.save(tmp_path / "train.npy", train)
+    np.save(tmp_path / "val.npy", stdlib_tokens("colorsys.py"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "hints", "exact-bench", "--tokens", str(tmp_path / "train.npy"),
+                          "--query", str(tmp_path / "val.npy"), "--repeats", "1", "--workers", "1",
+                          "--json", str(tmp_path / "r.json")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| exact count, torch on CPU |" in out.stdout and "| index build + lookup |" in out.stdout
+    import json
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["interpreter_equal"] is True and res["train_tokens"] == train.size
+    assert all(c["ngrams"] == c["fingerprints"] > 1000 for c in res["collisions"].values())
