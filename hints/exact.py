@@ -133,7 +133,7 @@ def _train_pieces(train, max_piece):
     chunks = [train] if isinstance(train, (np.ndarray, torch.Tensor)) else train
     for i, chunk in enumerate(chunks):
         if isinstance(chunk, torch.Tensor):
-            if chunk.ndim != 1 or chunk.dtype not in (torch.uint16, torch.int16, torch.int32, torch.int64):
+            if chunk.ndim != 1 or chunk.dtype not in (torch.uint16, torch.int32, torch.int64):
                 raise ValueError(f"train chunk {i}: expected a 1-D integer tensor of token ids, got "
                                  f"shape {tuple(chunk.shape)} dtype {chunk.dtype}")
         else:
@@ -329,36 +329,43 @@ class TorchCounter:
 # ---- for the trainer ------------------------------------------------------------------------
 
 class ExactHints:
-    """Exact hints of one token stream (the validation tokens), computed once, answered by
-    lookup_span like a HintIndex (`tokens_added` is the number of training tokens counted)."""
+    """Exact hints of positions [start, stop) of one token stream (the validation tokens),
+    computed once, answered by lookup_span like a HintIndex (`tokens_added` is the number of
+    training tokens counted)."""
 
-    def __init__(self, stream, hints, lengths, tokens_added, seconds, backend, device):
-        self.stream, self.hints, self.lengths = stream, hints, tuple(lengths)
+    def __init__(self, stream, hints, start, lengths, tokens_added, seconds, backend, device):
+        self.stream, self.hints, self.start, self.lengths = stream, hints, int(start), tuple(lengths)
+        self.stop = self.start + hints.token.shape[1]
         self.tokens_added, self.seconds, self.backend, self.device = int(tokens_added), seconds, backend, str(device)
-
-    def _check_stream(self, stream):
-        if stream is not self.stream and (len(stream) != len(self.stream) or not np.array_equal(stream, self.stream)):
-            raise ValueError(f"exact hints were counted for one stream of {len(self.stream):,} tokens; "
-                             f"asked about another of {len(stream):,} tokens")
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of the stream they were counted for."""
-        self._check_stream(stream)
-        h = self.hints
-        return Hints(token=h.token[:, start:stop], count=h.count[:, start:stop],
-                     purity=h.purity[:, start:stop], kind=h.kind[:, start:stop])
+        if stream is not self.stream and (len(stream) != len(self.stream) or not np.array_equal(stream, self.stream)):
+            raise ValueError(f"exact hints were counted for one stream of {len(self.stream):,} tokens; "
+                             f"asked about another of {len(stream):,} tokens")
+        if not self.start <= start <= stop <= self.stop:
+            raise ValueError(f"exact hints cover positions [{self.start:,}, {self.stop:,}); asked for [{start:,}, {stop:,})")
+        h, a, b = self.hints, start - self.start, stop - self.start
+        return Hints(token=h.token[:, a:b], count=h.count[:, a:b], purity=h.purity[:, a:b], kind=h.kind[:, a:b])
 
     def describe(self):
-        return (f"exact count ({self.backend} on {self.device}): {self.tokens_added:,} training tokens "
-                f"in {self.seconds:.2f}s")
+        return (f"exact count ({self.backend} on {self.device}) of {self.stop - self.start:,} positions against "
+                f"{self.tokens_added:,} training tokens in {self.seconds:.2f}s")
 
 
-def exact_val_hints(val_tokens, train_chunks, lengths=(6, 10, 20), backend="torch", device=None, progress=None):
-    """Count the validation stream's n-grams in `train_chunks` (an iterable of uint16 arrays in
-    stream order, e.g. the first --hint-tokens of the training shards) and wrap the hints for
-    the trainer's evaluate(). The time of the count is in .seconds."""
+def exact_val_hints(val_tokens, train_chunks, lengths=(6, 10, 20), backend="torch", device=None, start=0, stop=None,
+                    progress=None):
+    """Count the n-grams at positions [start, stop) of the validation stream (each with its whole
+    n-grams: the longest length - 1 tokens before start are read too) in `train_chunks` (an
+    iterable of uint16 arrays in stream order, e.g. the first --hint-tokens of the training
+    shards), and wrap the hints for the trainer's evaluate(). The count's time is in .seconds."""
     import torch
+    lengths = check_lengths(lengths)
     val = as_tokens(val_tokens, name="val_tokens")
+    stop = val.size if stop is None else int(stop)
+    if not 0 <= start <= stop <= val.size:
+        raise ValueError(f"start={start}, stop={stop}: expected 0 <= start <= stop <= {val.size:,} (the val tokens)")
+    lo = max(0, start - (lengths[-1] - 1))
     seen = [0]
 
     def counted(chunks):
@@ -368,6 +375,7 @@ def exact_val_hints(val_tokens, train_chunks, lengths=(6, 10, 20), backend="torc
 
     t0 = time.perf_counter()
     dev = resolve_device(backend, device)
-    h = count_exact(val, counted(train_chunks), lengths, backend=backend, device=dev, progress=progress)
-    return ExactHints(val_tokens, h, lengths, seen[0], time.perf_counter() - t0, backend, dev)
-
+    h = count_exact(val[lo:stop], counted(train_chunks), lengths, backend=backend, device=dev, progress=progress)
+    k = start - lo
+    h = Hints(token=h.token[:, k:], count=h.count[:, k:], purity=h.purity[:, k:], kind=h.kind[:, k:])
+    return ExactHints(val_tokens, h, start, lengths, seen[0], time.perf_counter() - t0, backend, dev)

@@ -264,14 +264,17 @@ def test_bad_inputs():
 def test_exact_val_hints_answers_lookup_span(stdlib_tokens):
     val = stdlib_tokens("heapq.py")[:3000]
     train = [stdlib_tokens("heapq.py")[1000:], stdlib_tokens("bisect.py")]
-    ex = exact_val_hints(val, iter(train), (6, 10, 20), backend="torch", device="cpu")
-    assert ex.tokens_added == sum(t.size for t in train) and ex.seconds > 0
     whole = ReferenceIndex((6, 10, 20)).add(np.concatenate(train)).lookup(val)
-    span = ex.lookup_span(val, 700, 1900)
-    for f in FIELDS:
-        assert (getattr(span, f) == getattr(whole, f)[:, 700:1900]).all()
+    for start, stop in ((0, None), (600, 2400)):  # the whole stream, or one rank's share
+        ex = exact_val_hints(val, iter(train), (6, 10, 20), backend="torch", device="cpu", start=start, stop=stop)
+        assert ex.tokens_added == sum(t.size for t in train) and ex.seconds > 0
+        span = ex.lookup_span(val, 700, 1900)
+        for f in FIELDS:
+            assert (getattr(span, f) == getattr(whole, f)[:, 700:1900]).all()
     with pytest.raises(ValueError, match="another"):
-        ex.lookup_span(val[:-1], 0, 10)
+        ex.lookup_span(val[:-1], 700, 710)
+    with pytest.raises(ValueError, match="cover positions"):
+        ex.lookup_span(val, 500, 710)
 
 
 def test_import_hints_stays_torch_free():
