@@ -10,8 +10,9 @@ dropped: `count_exact(query, train)` equals `ReferenceIndex(lengths).add(train).
 Two backends run the same algorithm:
   * "torch": sort/unique/searchsorted on torch tensors, CPU or GPU. The reference for the
     kernels, and exact validation hints on a CPU machine.
-  * "triton": the kernels of `hints.exact_triton` (hash tables and atomics) on a CUDA GPU;
-    on a CPU they run in Triton's interpreter (slow; for tests with small inputs).
+  * "triton": the kernels of `hints.exact_kernels` (hash tables and atomics), driven by
+    `hints.exact_triton`, on a CUDA GPU; on a CPU they run in Triton's interpreter (slow; for
+    tests with small inputs).
 
 Fingerprints. An n-gram of length L ending at position t is compared by a 64-bit fingerprint
 

@@ -36,7 +36,7 @@ GPU_BLOCK = 512             # positions per program and tile (4 per thread at 4 
 GPU_WARPS = 4
 PROGRAMS_PER_SM = 8         # persistent grid: enough programs per multiprocessor to hide probe latency
 GPU_CHUNK = 1 << 30         # training tokens on the device at once: 2 GiB of uint16
-GPU_MIN_STEP = 1 << 24      # a step shorter than this grows the pair table instead (launches stay long)
+GPU_MIN_STEP = 1 << 26      # a step shorter than this grows the pair table instead (long launches, few syncs)
 CPU_BLOCK = 256             # interpreter: its cost is per operation, so wide tiles; still several tiles per program
 CPU_PROGRAMS = 3
 CPU_CHUNK = 1 << 12
@@ -116,7 +116,7 @@ class TritonCounter:
         self.slots = torch.empty(K * max(n, 1), dtype=torch.int32, device=device)
         if n:
             q = torch.zeros(self.lmax + n, dtype=torch.uint16, device=device)  # LMAX zeros, then the query
-            q[self.lmax:] = torch.from_numpy(query).to(device)
+            q[self.lmax:] = _as_device_tokens(query, torch).to(device)
             self._launch(self.kernels.insert_queries, self._grid(n), q, n, self.A, self.keys, self.slots,
                          self.scratch, BOUNDS=self.bounds, CAP_BITS=self.cap_bits, BLOCK=self.block)
         # the pair table
