@@ -14,13 +14,10 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
-
-from hints import ReferenceIndex, count_exact  # noqa: E402
-from hints.exact import (exact_val_hints, fingerprint, fingerprint_collisions, fingerprints_numpy,  # noqa: E402
-                         TorchCounter)
+from hints import ReferenceIndex, count_exact
+from hints.exact import TorchCounter, exact_val_hints, fingerprint, fingerprint_collisions, fingerprints_numpy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
