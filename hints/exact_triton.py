@@ -45,16 +45,19 @@ REDUCE_BLOCK = 1024
 
 
 @contextlib.contextmanager
-def interpreter_env():
-    """TRITON_INTERPRET=1 for the duration (Triton reads it when a kernel is decorated, and its
-    interpreted language helpers read it when they run)."""
+def interpreter_env(value="1"):
+    """TRITON_INTERPRET=value for the duration (None: unset). Triton reads it when a kernel is
+    decorated, and its interpreted language helpers read it when they run."""
     old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+    if value is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["TRITON_INTERPRET"]
+            os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = old
 
@@ -65,6 +68,9 @@ def load_kernels(interpret):
     if not interpret:
         from . import exact_kernels
         return exact_kernels
+    if "triton.language" not in sys.modules:
+        with interpreter_env(None):  # triton.language's own jit helpers decorated for compiling, as
+            import triton.language  # noqa: F401  the compiled copy needs them (the interpreted one does not)
     name = f"{__package__}._exact_kernels_interpreted"
     mod = sys.modules.get(name)
     if mod is None:

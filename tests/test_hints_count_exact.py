@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import triton  # noqa: F401  imported here, before any test sets TRITON_INTERPRET, as a user's program would
 
 from hints import ReferenceIndex, count_exact
 from hints.exact import TorchCounter, exact_val_hints, fingerprint, fingerprint_collisions, fingerprints_numpy
