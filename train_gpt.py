@@ -38,7 +38,8 @@ from hints.geometry import DEFAULT_LENGTHS, parse_lengths
 from model import GPT, GPTConfig, allreduce_grads, autocast_context, build_optimizers, gpu_paths_enabled, lr_multiplier
 from train import checkpoint
 from train.common import REPO_DIR, init_dist, new_run_id, open_log
-from train.evaluate import VAL_LOOKUP_WORKERS, ValHintCache, evaluate, read_val_tokens, val_split, validate
+from train.evaluate import (ValHintCache, count_exact_val_hints, evaluate, open_val_index, read_val_tokens,
+                            val_split, validate)
 from train.hint_prep import HintPrep
 from train.meter import Meter
 from train.warmup import warm_up_and_undo
@@ -123,6 +124,9 @@ def parse_args(argv=None):
                    "e.g. 75M, 1.2B, 37B (0: none; capped at the training shards)")
     g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index")
     g.add_argument("--val-index", help="a saved hint index to validate with when no background index is ready")
+    g.add_argument("--val-hints", choices=("background", "exact", "exact-gpu"), default="background",
+                   help="validation hints from the background index (else --val-index, else the training index), or "
+                   "exact counts of the val n-grams in the first --hint-tokens training tokens (torch; Triton on CUDA)")
     g = p.add_argument_group("evaluation, logging, checkpoints")
     g.add_argument("--val-every", type=count(0), help="validate every N steps (0: only at the end)")
     g.add_argument("--log-every", type=count(1), help="a training log line every N steps")
@@ -177,17 +181,6 @@ def open_data(args, d, log):
     return train_files, val_files, loader, val_tokens
 
 
-def open_val_index(args, lengths, log):
-    if not args.val_index:
-        return None
-    idx = HintIndex.load(args.val_index, mmap=True, workers=VAL_LOOKUP_WORKERS)
-    if idx.geom.lengths != lengths:
-        raise SystemExit(f"--val-index {args.val_index}: built with n-gram lengths {idx.geom.lengths}, "
-                         f"the model's --hint-lengths are {lengths}")
-    log(f"--val-index {args.val_index}: {idx.tokens_added:,} tokens, {idx.geom.describe()}")
-    return idx
-
-
 def run_settings(args, cfg, geom, train_files):
     """What a resumed run must share with the saved one."""
     return dict(model_config=dataclasses.asdict(cfg), hint_lengths=list(args.hint_lengths),
@@ -233,15 +226,19 @@ def main(argv=None):
     geom = None if args.no_hints else Geometry.parse(args.hint_geometry, total * global_batch, lengths)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
     log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
-    val_index = open_val_index(args, lengths, log)
-    background = None
-    if args.hint_tokens > 0:
+    val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
+    background, exact = None, None
+    with_background = args.val_hints == "background" and args.hint_tokens > 0
+    if with_background:
         # the node's training ranks keep a core each for the loop and hint_workers for their prep thread
         background = start_for_node(train_files, args.hint_tokens, lengths, f"nghints-{run_id}-n{d.node}",
                                     owner=d.local_rank == 0, barrier=d.barrier, log=log,
                                     reserve_cpus=d.local_world_size * (1 + args.hint_workers))
         if background is not None:
-            atexit.register(background.close)  # any exit, errors included, stops the build and frees /dev/shm
+            atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
+    elif args.val_hints != "background":
+        exact = count_exact_val_hints(args.val_hints, val_tokens, train_files, args.hint_tokens, lengths, seq_len=T,
+                                      batch_size=args.val_batch_size, dist=d, log=log)
 
     # -- resume ------------------------------------------------------------------------------------
     start_step, tail, saved = 0, None, {}
@@ -298,9 +295,10 @@ def main(argv=None):
                 prep.wait_idle()  # the thread stopped at this step: index and loader are as of `step`
                 if step in val_steps:
                     meter.record_val(step, validate(train_model, val_tokens, step=step, total=total,
-                                                    with_background=args.hint_tokens > 0, background=background,
-                                        bg_wait=args.bg_wait, val_index=val_index, train_index=index, seq_len=T,
-                                        batch_size=args.val_batch_size, dist=d, cache=cache, log=log))
+                                                    with_background=with_background, background=background,
+                                                    bg_wait=args.bg_wait, val_index=val_index, train_index=index,
+                                                    seq_len=T, batch_size=args.val_batch_size, dist=d, cache=cache,
+                                                    log=log, exact=exact))
                 if step in ckpt_steps:
                     t0, path = time.perf_counter(), checkpoint.step_path(args.save_checkpoint, step, step == total)
                     checkpoint.save_run(path, step, d, model=model, optimizers=optimizers, loader=loader,
@@ -330,7 +328,9 @@ def main(argv=None):
         world_size=d.world_size, device=str(d.device), resumed_from_step=start_step if args.resume else None,
         seq_len=T, batch_size=B, hint_lengths=list(lengths), no_hints=args.no_hints,
         hint_tokens_train=int(index.tokens_added) if index is not None else 0,
-        background=background.status() if background else None, checkpoint=args.save_checkpoint, log_file=log.path)
+        background=background.status() if background else None, val_hint_path=args.val_hints,
+        val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
+        checkpoint=args.save_checkpoint, log_file=log.path)
     if d.master and args.summary_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
         with open(args.summary_json, "w") as f:

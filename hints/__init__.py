@@ -1,10 +1,13 @@
 """The hint index: which tokens follow each 6-, 10- and 20-gram of a token stream.
 
-NumPy + Numba only (no torch). docs/design.md, "The hint index", explains it.
+NumPy + Numba only at import (no torch); `count_exact` (exact hints by counting the query's
+n-grams, hints/exact.py) imports torch, and Triton for its GPU kernels, when called.
+docs/design.md, "The hint index", explains it.
 """
+from .exact import count_exact
 from .geometry import Geometry
 from .index import HintIndex, Hints
 from .kinds import KINDS_PER_LENGTH, n_kinds
 from .reference import ReferenceIndex
 
-__all__ = ["Geometry", "HintIndex", "Hints", "ReferenceIndex", "KINDS_PER_LENGTH", "n_kinds"]
+__all__ = ["count_exact", "Geometry", "HintIndex", "Hints", "ReferenceIndex", "KINDS_PER_LENGTH", "n_kinds"]

@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench|scaling`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|exact-bench|scaling`: the hint index from the command line."""
 import argparse
 import json
 import os
@@ -99,6 +99,24 @@ def cmd_bench(args):
             json.dump(res, f, indent=1)
 
 
+def cmd_exact_bench(args):
+    from .exact_bench import format_exact_table, run_exact_bench
+    if args.tokens:
+        train = read_all(args.tokens, args.max_tokens)
+        query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
+    else:
+        from data.local_corpus import build_local_corpus
+        corpus = build_local_corpus(max_train_tokens=args.max_tokens)
+        train = read_all(corpus["train_pattern"], args.max_tokens)
+        query = read_all(corpus["val_pattern"], args.query_tokens)
+    res = run_exact_bench(train, query, parse_lengths(args.lengths), workers=args.workers, repeats=args.repeats)
+    print()
+    print(format_exact_table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def cmd_scaling(args):
     from .scaling import ladder_sizes, run_scaling
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(args.train)
@@ -152,6 +170,16 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "
+                       "count (torch on CPU; Triton: interpreter for correctness, GPU when present)")
+    common(p, tokens_required=False)
+    p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
+    p.add_argument("--query-tokens", type=int, default=10_485_760, help="first N query tokens (default: the speedrun's 10,485,760)")
+    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per path (median, min-max)")
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_exact_bench)
 
     p = sub.add_parser("scaling", help="coverage/accuracy of hints on validation tokens vs hint-corpus size (table, CSV, JSON, plots)")
     p.add_argument("--train", required=True, help="training shards the hint corpus comes from (.bin glob)")

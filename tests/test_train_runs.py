@@ -252,3 +252,21 @@ def test_ablation_writes_every_row_and_file(corpus, tmp_path):
     for f in ("ablation.md", "ablation.csv", "ablation.json", "ablation.png"):
         assert (out / f).stat().st_size > 0, f
     assert (out / "ablation.md").read_text().count("\n") == 2 + 1 + len(rows)  # header, rule, no-hint row, sizes
+
+
+def test_exact_val_hints_and_val_index_mismatch(corpus, tmp_path):
+    """--val-hints exact: every validation uses exact counts of the val n-grams in the first
+    --hint-tokens training tokens, recorded in the summary; exact-gpu on CPU and a --val-index of
+    other lengths are refused before training, naming the flag."""
+    s = train(tiny_args(corpus, tmp_path, "--steps", "2", "--batch-size", "2", "--val-every", "1", "--val-hints",
+                        "exact", "--summary-json", str(tmp_path / "s.json")) + ["--hint-tokens", "30000"])
+    assert s["val_index"] == "exact" and s["val_hint_path"] == "exact" and s["hint_tokens_val"] == 30_000
+    assert [v["index"] for v in s["val_history"]] == ["exact", "exact"] and s["val_hints_count_s"] > 0
+    assert s["background"] is None and np.isfinite(s["val_loss_hints"])
+    p = run(tiny_args(corpus, tmp_path, "--steps", "1", "--val-hints", "exact-gpu", "--hint-tokens", "1000"), check=False)
+    assert p.returncode == 1 and "--val-hints exact-gpu needs a CUDA device" in p.stderr
+    idx = HintIndex(Geometry(2, 6, 16, (4, 8)))
+    idx.add(np.arange(500, dtype=np.uint16))
+    path = idx.save(str(tmp_path / "other.hints"))
+    p = run(tiny_args(corpus, tmp_path, "--steps", "1", "--val-index", path), check=False)
+    assert p.returncode == 1 and "--val-index" in p.stderr and "lengths (4, 8)" in p.stderr

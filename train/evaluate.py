@@ -12,8 +12,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from data.loader import read_tokens
+from data.loader import iter_tokens, read_tokens
 from data.units import human_tokens
+from hints import HintIndex
 from model import autocast_context
 
 
@@ -131,27 +132,93 @@ def pick_val_index(background_ready, background_state, have_val_index, have_trai
 VAL_LOOKUP_WORKERS = 4
 
 
-def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
-             seq_len, batch_size, dist, cache, log):
-    """One validation of a run: wait for a late background index at the end (up to bg_wait
-    seconds), pick the index on every rank alike, evaluate with and without hints, log one line.
-    with_background: the run asked for a background index (the same on every rank, even where
-    `background` is None because it could not start or attach there).
-    Returns evaluate()'s dict plus index (kind), index_reason, index_tokens and index_desc."""
-    t0 = time.perf_counter()
-    if background is not None and step == total and bg_wait > 0 and background.status()["state"] in ("starting", "running"):
+# The article's open rules question about exact validation hints, logged with every run that uses them.
+EXACT_RULES_NOTE = ("rules question (the article's): may counting the validation n-grams in the training tokens "
+                    "run inside the timed region, as backward passes on it do? The 3.1 s estimate assumes yes; "
+                    "this run counts them outside it")
+
+
+def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log):
+    """Exact validation hints (`--val-hints exact|exact-gpu`): this rank's share of the val
+    positions, counted in the first max_tokens training tokens by hints.exact (torch on any
+    device, or the Triton kernels on CUDA), before the clock starts."""
+    from hints.exact import exact_val_hints
+    if mode == "exact-gpu" and not dist.cuda:
+        raise SystemExit(f"error: --val-hints exact-gpu needs a CUDA device; this run is on {dist.device} "
+                         f"(use --val-hints exact)")
+    if max_tokens <= 0:
+        raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
+                         f"give --hint-tokens > 0")
+    first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
+    exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
+                            backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
+                            start=first * seq_len, stop=(first + n_seq) * seq_len)
+    log(f"val hints: {exact.describe()}, outside the timed region")
+    log(EXACT_RULES_NOTE)
+    return exact
+
+
+def open_val_index(path, lengths, log):
+    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the model's lengths."""
+    try:
+        idx = HintIndex.load(path, mmap=True, workers=VAL_LOOKUP_WORKERS)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: --val-index {path}: {e}") from None
+    if idx.geom.lengths != tuple(lengths):
+        raise SystemExit(f"error: --val-index {path}: built with n-gram lengths {idx.geom.lengths}, "
+                         f"the model's --hint-lengths are {tuple(lengths)}")
+    log(f"--val-index {path}: {idx.tokens_added:,} tokens, {idx.geom.describe()}")
+    return idx
+
+
+def wait_for_background(background, bg_wait, dist, log):
+    """At the final validation: wait up to bg_wait seconds while the build runs. Rank 0 decides
+    when to stop waiting and tells the others, so a builder that died before its first status
+    write (which only the owner can see) costs no rank the whole wait."""
+    if not dist.master or background is None:
+        return dist.broadcast(None)
+    if background.status()["state"] in ("starting", "running"):
         log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()})")
         background.wait(bg_wait)
-    ready = dist.gather(background is not None and background.ready()) if with_background else []
+    return dist.broadcast(None)
+
+
+def pick_index(with_background, background, val_index, train_index, dist):
+    """(ValSource, index) for a validation, the same on every rank: pick_val_index over every
+    rank's readiness, and a background index that fails to open on any rank falls back on all."""
     have = (val_index is not None, train_index is not None)
+    ready = dist.gather(background is not None and background.ready()) if with_background else []
     source = pick_val_index(ready, background.describe() if background is not None else "failed to start", *have)
-    index = {"val-index": val_index, "training": train_index}.get(source.kind)
+    index = None
     if source.kind == "background":
+        error = None
         try:
             index = background.open(workers=VAL_LOOKUP_WORKERS)
         except Exception as e:  # noqa: BLE001 - reported; the same fallback as a builder not ready
-            source = pick_val_index([False], f"open failed: {type(e).__name__}: {e}", *have)
-            index = {"val-index": val_index, "training": train_index}.get(source.kind)
+            error = f"{type(e).__name__}: {e}"
+        errors = [e for e in dist.gather(error) if e]
+        if errors:
+            index, source = None, pick_val_index([False], f"open failed: {errors[0]}", *have)
+    if source.kind != "background":
+        index = {"val-index": val_index, "training": train_index}.get(source.kind)
+    return source, index
+
+
+def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
+             seq_len, batch_size, dist, cache, log, exact=None):
+    """One validation of a run: at the end, wait for a late background index (up to bg_wait
+    seconds); pick the index on every rank alike; evaluate with and without hints; log one line.
+    with_background: the run asked for a background index (the same on every rank, even where
+    `background` is None because it could not start or attach there). exact: exact hints counted
+    before training (count_exact_val_hints), which then give every hinted loss.
+    Returns evaluate()'s dict plus index (kind), index_reason, index_tokens and index_desc."""
+    t0 = time.perf_counter()
+    if exact is not None:
+        source, index = ValSource("exact", f"exact counts ({exact.backend}, {exact.seconds:.1f}s before training)"), exact
+    else:
+        if with_background and step == total and bg_wait > 0:
+            wait_for_background(background, bg_wait, dist, log)
+        source, index = pick_index(with_background, background, val_index, train_index, dist)
     res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache)
     n = int(index.tokens_added) if index is not None else 0
     res.update(index=source.kind, index_reason=source.reason, index_tokens=n,
