@@ -108,6 +108,8 @@ def test_a_node_too_small_for_any_index_says_so():
     p = node(10 * GiB, 8, B37, n_ranks=1)
     assert p.hint_tokens == 0 and p.table_bytes == 0
     assert "no background index" in p.reason and f"{MIN_HINT_TOKENS // 10**6}M" in p.reason
+    off = node(2 * TiB, 224, B37, shm=TiB, requested_tokens=0)
+    assert off.hint_tokens == 0 and off.reason == "no background index: --hint-tokens 0"
 
 
 @pytest.mark.parametrize("workers,tokens", [(1, 5_000), (2, 70_000), (3, 1 << 22)])

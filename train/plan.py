@@ -236,7 +236,8 @@ def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=N
     halvings = 0
     while True:
         if tokens < (1 if requested_tokens is not None else MIN_HINT_TOKENS):
-            notes.append(f"no background index: {human_tokens(tokens)} tokens is below the {human_tokens(MIN_HINT_TOKENS)} "
+            notes.append("no background index: --hint-tokens 0" if requested_tokens == 0 else
+                         f"no background index: {human_tokens(tokens)} tokens is below the {human_tokens(MIN_HINT_TOKENS)} "
                          f"worth building; validation uses the training-time index")
             return _plan(0, RECORD_GEOMETRY if not geom_given else requested_geometry, 0, 0, rank, n_ranks,
                          n_ranks * rank, budget, cores, 0.0, shm_dirs[0][0], 0, halvings, notes, node)
