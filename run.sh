@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/install.sh
 
-# 12 shards x 100M tokens: the record's 1.2B-token background hint index (--hint-tokens) plus
-# the 70.8M tokens it trains on. (8 shards would cover training but cap the hint index at 0.8B.)
-FINEWEB_TRAIN_SHARDS=${FINEWEB_TRAIN_SHARDS:-12}
+# FineWeb10B train shards of 100M tokens: the record trains on 70.8M tokens, so one is enough. The
+# background hint index comes from FineWeb100B shards, as many as the plan (train_gpt.py --plan,
+# sized to this node's memory, cores and disk; up to the article's 37B tokens) asks for.
+FINEWEB_TRAIN_SHARDS=${FINEWEB_TRAIN_SHARDS:-1}
 
 n_gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -23,6 +24,13 @@ if [ "$n_gpus" -ge 1 ]; then
     if [ ! -f data/fineweb10B/fineweb_val_000000.bin ] || [ "$have" -lt "$FINEWEB_TRAIN_SHARDS" ]; then
         echo "run.sh: FineWeb10B shards missing ($have of $FINEWEB_TRAIN_SHARDS train shards): downloading"
         "$PY" -m data.cached_fineweb10B "$FINEWEB_TRAIN_SHARDS"
+    fi
+    plan_tokens=$("$PY" train_gpt.py --preset record --plan "$@" | "$PY" -c "import json, sys; print(json.load(sys.stdin)['hint_tokens'])")
+    hint_shards=$(( (plan_tokens + 99999999) / 100000000 ))
+    have100=$(ls data/fineweb100B/fineweb_train_*.bin 2>/dev/null | wc -l)
+    if [ "$have100" -lt "$hint_shards" ]; then
+        echo "run.sh: the plan builds the hint index from $plan_tokens FineWeb100B tokens: downloading $hint_shards shards"
+        "$PY" -m data.cached_fineweb100B "$hint_shards"
     fi
     nproc_per_node=$(( n_gpus >= 8 ? 8 : n_gpus ))
     if [ "$n_gpus" -ge 8 ]; then

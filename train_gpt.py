@@ -42,15 +42,11 @@ from train.evaluate import (ValHintCache, count_exact_val_hints, evaluate, open_
                             val_split, validate)
 from train.hint_prep import HintPrep
 from train.meter import Meter
+from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_STEPS,
+                        PlanError, add_plan_args, plan_from_args)
 from train.warmup import warm_up_and_undo
 
-# The article's record: 270 steps x 262,144 tokens (8 ranks x 16 sequences x 2048) = 70.8M tokens.
-RECORD_GLOBAL_BATCH_TOKENS = 262_144
-RECORD_STEPS = 270
 RECORD_MAX_RANK_BATCH = 16  # sequences of 2048 per GPU (fewer GPUs: a smaller global batch)
-# Background (validation) hint corpus of the record preset: 1.2B training tokens (the article
-# sweeps 75M ... 37B); Geometry.for_tokens sizes it at 22 GiB of /dev/shm.
-RECORD_HINT_TOKENS = 1_200_000_000
 SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
 # llm.c GPT-2 124M: 700 warm-up steps of 19,073 (10B tokens at 524,288 per step), decay over the
 # whole run, gradients clipped at norm 1.0.
@@ -68,8 +64,10 @@ PRESETS = {
     "record": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048,
                    batch_size=None, steps=RECORD_STEPS, val_tokens=SPEEDRUN_VAL_TOKENS, val_every=0,
                    val_batch_size=None, train_files="data/fineweb10B/fineweb_train_*.bin",
-                   val_files="data/fineweb10B/fineweb_val_*.bin", hint_tokens=RECORD_HINT_TOKENS,
-                   hint_workers=2, bg_wait=0.0, warmup_steps=10, log_every=10),
+                   val_files="data/fineweb10B/fineweb_val_*.bin",
+                   hint_files="data/fineweb100B/fineweb_train_*.bin",  # the article: 37B FineWeb100B tokens
+                   hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 37B
+                   hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10),
     # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
     # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
     # tokens with and without hints take ~4 minutes.
@@ -118,10 +116,13 @@ def parse_args(argv=None):
     g = p.add_argument_group("hints")
     g.add_argument("--no-hints", action="store_true", help="train without hints (ablation)")
     g.add_argument("--hint-lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths")
-    g.add_argument("--hint-geometry", default="auto", help="training-index geometry: auto, a preset or P,B,S")
+    g.add_argument("--train-index-geometry", default="auto", help="training-time index geometry: auto (sized for "
+                   "the run's training tokens), a preset or P,B,S")
+    g.add_argument("--hint-files", help="shards the background index is built from (default: --train-files)")
+    g.add_argument("--hint-geometry", help="background index geometry (record: the plan's; else auto), a preset or P,B,S")
     g.add_argument("--hint-workers", type=count(1), help="threads of the training-time index per rank")
     g.add_argument("--hint-tokens", type=parse_token_count, help="tokens of the background validation index, "
-                   "e.g. 75M, 1.2B, 37B (0: none; capped at the training shards)")
+                   "e.g. 75M, 1.2B, 37B (0: none; capped at the shards; record: the plan's)")
     g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index")
     g.add_argument("--val-index", help="a saved hint index to validate with when no background index is ready")
     g.add_argument("--val-hints", choices=("background", "exact", "exact-gpu"), default="background",
@@ -137,6 +138,7 @@ def parse_args(argv=None):
     g.add_argument("--resume", help="checkpoint to resume from (the same flags as the saved run)")
     g.add_argument("--wandb", action="store_true", help="log to wandb (offline without WANDB_API_KEY)")
     g.add_argument("--wandb-project", default="ngram-hints-speedrun")
+    add_plan_args(p)
     args = p.parse_args(argv)
     n_head_given = args.n_head is not None
     for key, value in PRESETS[args.preset].items():
@@ -184,16 +186,31 @@ def open_data(args, d, log):
 def run_settings(args, cfg, geom, train_files):
     """What a resumed run must share with the saved one."""
     return dict(model_config=dataclasses.asdict(cfg), hint_lengths=list(args.hint_lengths),
-                hint_geometry=geom.to_dict() if geom else None, seq_len=args.seq_len, batch_size=args.batch_size,
+                train_index_geometry=geom.to_dict() if geom else None, seq_len=args.seq_len, batch_size=args.batch_size,
                 steps=args.steps, train_shards=checkpoint.shard_fingerprints(resolve_files(train_files)))
 
 
 def main(argv=None):
     args = parse_args(argv)
+    plan = None
+    if args.plan or (args.preset == "record" and args.val_hints == "background" and args.hint_tokens != 0):
+        # the background index sized to this node (or --node-*), before any GPU, data or allocation
+        try:
+            plan = plan_from_args(args, repo_glob(args.hint_files or args.train_files), FINEWEB100B_TRAIN_TOKENS,
+                                  args.hint_workers, args.steps * RECORD_GLOBAL_BATCH_TOKENS, index_in_memfd=True)
+        except PlanError as e:
+            raise SystemExit(f"error: {e}") from None
+        if args.plan:
+            print(plan.to_json())
+            return
+        args.hint_tokens = plan.hint_tokens
+    args.hint_tokens = args.hint_tokens or 0
     d = init_dist()
     run_id = new_run_id(args.preset, d)
     log = open_log(args.log_dir, run_id, d, args.wandb_project if args.wandb else None, vars(args))
     log(f"run {run_id}: {' '.join(sys.argv)}")
+    if plan:
+        log(f"plan: {plan.reason}")
     log(f"torch {torch.__version__}, {d.world_size} process(es), device {d.device}"
         + (f" ({torch.cuda.get_device_name(d.device)})" if d.cuda else f", {torch.get_num_threads()} threads")
         + f", GPU paths {'on' if gpu_paths_enabled() else 'off'}")
@@ -223,7 +240,7 @@ def main(argv=None):
         f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale} (warm-up {lr_warmup}, cool-down {cooldown:.0%})")
 
     # -- hint indexes ------------------------------------------------------------------------------
-    geom = None if args.no_hints else Geometry.parse(args.hint_geometry, total * global_batch, lengths)
+    geom = None if args.no_hints else Geometry.parse(args.train_index_geometry, total * global_batch, lengths)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
     log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
     val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
@@ -231,13 +248,17 @@ def main(argv=None):
     with_background = args.val_hints == "background" and args.hint_tokens > 0
     if with_background:
         # the node's training ranks keep a core each for the loop and hint_workers for their prep thread
-        background = start_for_node(train_files, args.hint_tokens, lengths, f"nghints-{run_id}-n{d.node}",
-                                    owner=d.local_rank == 0, barrier=d.barrier, log=log,
-                                    reserve_cpus=d.local_world_size * (1 + args.hint_workers))
+        bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
+                                              if args.hint_geometry else None)
+        background = start_for_node(repo_glob(args.hint_files or args.train_files), args.hint_tokens, lengths,
+                                    f"nghints-{run_id}-n{d.node}", owner=d.local_rank == 0, barrier=d.barrier,
+                                    log=log, reserve_cpus=d.local_world_size * (1 + args.hint_workers),
+                                    geometry=bg_geom)
         if background is not None:
             atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
     elif args.val_hints != "background":
-        exact = count_exact_val_hints(args.val_hints, val_tokens, train_files, args.hint_tokens, lengths, seq_len=T,
+        exact = count_exact_val_hints(args.val_hints, val_tokens, repo_glob(args.hint_files or args.train_files),
+                                      args.hint_tokens, lengths, seq_len=T,
                                       batch_size=args.val_batch_size, dist=d, log=log)
 
     # -- resume ------------------------------------------------------------------------------------
@@ -330,6 +351,7 @@ def main(argv=None):
         hint_tokens_train=int(index.tokens_added) if index is not None else 0,
         background=background.status() if background else None, val_hint_path=args.val_hints,
         val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
+        plan=plan.to_dict() if plan else None,
         checkpoint=args.save_checkpoint, log_file=log.path)
     if d.master and args.summary_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.manifest import write_manifest
 from data.shards import write_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,7 @@ def test_compare_reports_three_finite_losses(tmp_path):
     phrases = [rng.integers(0, VOCAB, size=rng.integers(8, 40)) for _ in range(100)]
     write_shard(tmp_path / "train_000000.bin", phrase_stream(30_000, rng, phrases))
     write_shard(tmp_path / "val_000000.bin", phrase_stream(5_000, rng, phrases))
+    write_manifest(tmp_path)
     out = tmp_path / "compare"
     train_args = ["--preset", "demo", "--train-files", str(tmp_path / "train_*.bin"),
                   "--val-files", str(tmp_path / "val_*.bin"), "--vocab-size", str(VOCAB), "--n-layer", "2",

@@ -28,8 +28,10 @@ import sys
 
 from data.download import VARIANTS
 from data.shards import shard_token_count
-from hints.background import CHUNK_TOKENS as BUILDER_CHUNK_TOKENS, parse_token_count
-from hints.geometry import MAX_MEMORY_FRACTION, PRESETS, SLOT_BYTES, Geometry, _human, available_memory_bytes
+from data.loader import CHUNK_TOKENS as BUILDER_CHUNK_TOKENS
+from data.units import human_tokens, parse_token_count
+from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, SLOT_BYTES, Geometry, _human,
+                            available_memory_bytes, parse_lengths)
 from hints.index import STAGE_BLOCK, default_chunk_tokens
 from hints.kernels import BURST
 from hints.store import layout
@@ -42,9 +44,12 @@ RECORD_GEOMETRY = PRESETS["record"]
 ARTICLE_LOAD = RECORD_HINT_TOKENS / RECORD_GEOMETRY.n_slots
 # Below this a background index is not worth its cost: the article's smallest hint corpus.
 MIN_HINT_TOKENS = 75_000_000
-# The record trains on 70.8M tokens (270 steps x 262,144); each rank's training-time index is
-# sized for them (Geometry.for_tokens) and counts in the rank's memory.
-RECORD_TRAIN_TOKENS = 270 * 262_144
+# The record trains on 70.8M tokens: 270 steps x 262,144 tokens (8 ranks x 16 sequences x 2048),
+# as modded-nanogpt's records of the article's time. Each rank's training-time index is sized for
+# them (Geometry.for_tokens) and counts in the rank's memory.
+RECORD_GLOBAL_BATCH_TOKENS = 262_144
+RECORD_STEPS = 270
+RECORD_TRAIN_TOKENS = RECORD_STEPS * RECORD_GLOBAL_BATCH_TOKENS
 # One training process's host memory besides its training-time index: torch and the CUDA
 # runtime's host side (~3 GiB), pinned batches, the validation hints (10.5M positions x 3
 # lengths x 6 bytes = 0.2 GiB), compile workers. An estimate with headroom: the record's
@@ -71,6 +76,9 @@ SHARD_BYTES_PER_TOKEN = 2  # uint16 tokens (the 1 KiB header per 100M tokens is 
 # Disk left free after fetching shards: logs, checkpoints, compile caches.
 DISK_HEADROOM_BYTES = 20 << 30
 DEFAULT_SHM_DIR = "/dev/shm"
+# Where the trainer's background index lives: anonymous shared memory (memfd, hints/background.py),
+# charged to RAM, not to /dev/shm's tmpfs size, so only the memory budget bounds it.
+MEMFD = "memfd (anonymous shared memory)"
 # tmpfs sizes itself to half of RAM unless told otherwise (mount(8), tmpfs "size"): the
 # /dev/shm a node is assumed to have when only its RAM is given.
 TMPFS_DEFAULT_FRACTION = 0.5
@@ -103,13 +111,6 @@ def size_arg(flag):
             raise argparse.ArgumentTypeError(str(e)) from None
     parse.__name__ = "size"
     return parse
-
-
-def human_tokens(n):
-    for unit, v in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= v:
-            return f"{n / v:.3g}{unit}"
-    return str(int(n))
 
 
 def staging_bytes(geom, workers, staged_tokens):
@@ -341,13 +342,18 @@ def add_plan_args(parser, plan_flag=True):
     g.add_argument("--node-shm", type=size_arg("--node-shm"),
                    help=f"free /dev/shm of that node (default: this machine's, or {TMPFS_DEFAULT_FRACTION:.0%} of --node-ram)")
     g.add_argument("--hint-shm-dir", help="another tmpfs directory for the index when /dev/shm is too small")
+    g.add_argument("--node-rank-ram", type=size_arg("--node-rank-ram"),
+                   help=f"host memory each training rank needs besides its training index (default "
+                   f"{RANK_BASE_BYTES >> 30} GiB, a GPU rank's; small CPU rehearsals need far less)")
     return parser
 
 
 def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_WORKERS,
-                   train_tokens=RECORD_TRAIN_TOKENS):
+                   train_tokens=RECORD_TRAIN_TOKENS, index_in_memfd=False):
     """plan_record for the flags of add_plan_args plus --hint-tokens / --hint-geometry /
-    --hint-lengths: this machine's facts, with each --node-* flag given replacing its fact."""
+    --hint-lengths: this machine's facts, with each --node-* flag given replacing its fact.
+    index_in_memfd: the index lives in anonymous shared memory (the trainer's background
+    builder), which only RAM bounds, instead of a file in /dev/shm or --hint-shm-dir."""
     other_node = any(getattr(args, k) is not None for k in ("node_ram", "node_cores", "node_tokens", "node_shm"))
     kw = node_facts(hint_files, dataset_tokens=dataset_tokens)
     if args.node_ram is not None:
@@ -363,10 +369,12 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
         kw["shm_dirs"] = [(DEFAULT_SHM_DIR, kw["shm_bytes"])]
     if args.hint_shm_dir:
         kw["shm_dirs"] = kw["shm_dirs"] + [(args.hint_shm_dir, free_bytes(args.hint_shm_dir))]
-    lengths = getattr(args, "hint_lengths", None) or (6, 10, 20)
-    if isinstance(lengths, str):
-        lengths = tuple(int(x) for x in lengths.split(","))
+    if index_in_memfd:  # the trainer's builder: only RAM bounds the index
+        kw["shm_dirs"] = [(MEMFD, kw["node_ram_bytes"])]
+    lengths = parse_lengths(getattr(args, "hint_lengths", None) or DEFAULT_LENGTHS)
     ranks = args.node_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (RECORD_RANKS if other_node else 1)
+    if args.node_rank_ram is not None:
+        kw["rank_ram_bytes"] = args.node_rank_ram + Geometry.for_tokens(max(1, train_tokens), lengths=lengths).nbytes
     return plan_record(n_ranks=ranks, lengths=lengths, requested_tokens=getattr(args, "hint_tokens", None),
                        requested_geometry=getattr(args, "hint_geometry", None), hint_workers=hint_workers,
                        train_tokens=train_tokens, **kw)
