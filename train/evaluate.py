@@ -172,15 +172,18 @@ def open_val_index(path, lengths, log):
 
 
 def wait_for_background(background, bg_wait, dist, log):
-    """At the final validation: wait up to bg_wait seconds while the build runs. Rank 0 decides
-    when to stop waiting and tells the others, so a builder that died before its first status
-    write (which only the owner can see) costs no rank the whole wait."""
-    if not dist.master or background is None:
-        return dist.broadcast(None)
-    if background.status()["state"] in ("starting", "running"):
-        log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()})")
+    """At the final validation: wait up to bg_wait seconds while the build runs; the seconds
+    waited, the same on every rank. Rank 0 decides when to stop waiting and tells the others, so
+    a builder that died before its first status write (which only the owner sees) costs no rank
+    the whole wait."""
+    waited = 0.0
+    if dist.master and background is not None and background.status()["state"] in ("starting", "running"):
+        log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()}); "
+            f"the wait counts as training time")
+        t0 = time.perf_counter()
         background.wait(bg_wait)
-    return dist.broadcast(None)
+        waited = time.perf_counter() - t0
+    return dist.broadcast(waited)
 
 
 def pick_index(with_background, background, val_index, train_index, dist):
@@ -211,17 +214,18 @@ def validate(model, val_tokens, *, step, total, with_background, background, bg_
     with_background: the run asked for a background index (the same on every rank, even where
     `background` is None because it could not start or attach there). exact: exact hints counted
     before training (count_exact_val_hints), which then give every hinted loss.
-    Returns evaluate()'s dict plus index (kind), index_reason, index_tokens and index_desc."""
-    t0 = time.perf_counter()
+    Returns evaluate()'s dict plus index (kind), index_reason, index_tokens, index_desc and
+    bg_wait_s (seconds waited for the background index: training time, as the speedrun counts it)."""
+    t0, waited = time.perf_counter(), 0.0
     if exact is not None:
         source, index = ValSource("exact", f"exact counts ({exact.backend}, {exact.seconds:.1f}s before training)"), exact
     else:
         if with_background and step == total and bg_wait > 0:
-            wait_for_background(background, bg_wait, dist, log)
+            waited = wait_for_background(background, bg_wait, dist, log)
         source, index = pick_index(with_background, background, val_index, train_index, dist)
     res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache)
     n = int(index.tokens_added) if index is not None else 0
-    res.update(index=source.kind, index_reason=source.reason, index_tokens=n,
+    res.update(index=source.kind, index_reason=source.reason, index_tokens=n, bg_wait_s=waited,
                index_desc=f"{source.kind or 'none'}, {human_tokens(n)} tokens")
     hinted = f"{res['loss_hints']:.4f}" if res["loss_hints"] is not None else "n/a"
     log(f"step {step}/{total} val_loss_hints {hinted} val_loss_nohints {res['loss_nohints']:.4f} "

@@ -20,8 +20,10 @@ TOTAL_KEYS = ("train_s", "wait_s", "lookup_s", "add_s", "load_s", "steps_timed")
 
 
 class Meter:
-    def __init__(self, d, global_batch, flops_per_token, saved=None):
+    def __init__(self, d, global_batch, flops_per_token, saved=None, target_val_loss=None):
         self.d, self.global_batch, self.flops_per_token = d, global_batch, flops_per_token
+        self.target_val_loss = target_val_loss
+        self.target = None  # (step, train seconds) of the first validation at or below the target
         saved = saved or {}
         self.total = {k: saved.get(k, 0) for k in TOTAL_KEYS}
         self.train_losses = list(saved.get("train_losses", []))  # [step, mean loss over ranks]
@@ -87,11 +89,21 @@ class Meter:
         self._new_interval()
         return " | ".join(parts), metrics
 
-    def record_val(self, step, res):
-        """A validation's result (train.evaluate.validate's dict): kept for the history and the summary."""
+    def record_val(self, step, res, log):
+        """A validation's result (train.evaluate.validate's dict): kept for the history and the
+        summary. A wait for the background index is training time. True when this validation
+        reaches --target-val-loss with hints (the same on every rank: losses are all-reduced)."""
         self.last_val = res
+        self.total["train_s"] += res.get("bg_wait_s", 0.0)
         self.val_history.append(dict(step=step, loss_hints=res["loss_hints"], loss_nohints=res["loss_nohints"],
-                                     index=res["index"], index_tokens=res["index_tokens"]))
+                                     index=res["index"], index_tokens=res["index_tokens"], train_s=self.total["train_s"]))
+        if self.target_val_loss is not None and res["loss_hints"] is not None and res["loss_hints"] <= self.target_val_loss:
+            self.target = (step, self.total["train_s"])
+            log(f"target reached: val_loss_hints {res['loss_hints']:.4f} <= {self.target_val_loss} at step {step}, "
+                f"{human_tokens(step * self.global_batch)} tokens, training time {self.total['train_s']:.2f}s "
+                f"(validation excluded)")
+            return True
+        return False
 
     # -- totals ---------------------------------------------------------------------------------
     def snapshot(self):
@@ -124,7 +136,14 @@ class Meter:
             log(line)
         if len(set(digests)) != 1:
             log(f"WARNING: ranks hold different weights: {digests}")
-        return dict(facts, steps=steps, train_tokens=steps * self.global_batch, global_batch_tokens=self.global_batch,
+        if self.target_val_loss is not None and self.target is None:
+            best = min((h["loss_hints"] for h in self.val_history if h["loss_hints"] is not None), default=None)
+            log(f"target NOT reached: no validation reached val_loss_hints <= {self.target_val_loss} in {steps} steps "
+                f"(best {fmt(best)}); no time to target")
+        target_step, target_s = self.target or (None, None)
+        return dict(facts, steps=steps, target_val_loss=self.target_val_loss, target_reached=self.target is not None,
+                    time_to_target_s=target_s, steps_to_target=target_step,
+                    tokens_to_target=target_step * self.global_batch if target_step else None, train_tokens=steps * self.global_batch, global_batch_tokens=self.global_batch,
                     val_loss_hints=v.get("loss_hints"), val_loss_nohints=v.get("loss_nohints"),
                     val_tokens=v.get("tokens"), val_index=v.get("index"), val_index_reason=v.get("index_reason"),
                     hint_tokens_val=v.get("index_tokens", 0), **self.summary(), param_digests=digests,

@@ -349,11 +349,12 @@ def add_plan_args(parser, plan_flag=True):
 
 
 def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_WORKERS,
-                   train_tokens=RECORD_TRAIN_TOKENS, index_in_memfd=False):
+                   train_tokens=RECORD_TRAIN_TOKENS, index_in_memfd=False, default_tokens=None):
     """plan_record for the flags of add_plan_args plus --hint-tokens / --hint-geometry /
     --hint-lengths: this machine's facts, with each --node-* flag given replacing its fact.
     index_in_memfd: the index lives in anonymous shared memory (the trainer's background
-    builder), which only RAM bounds, instead of a file in /dev/shm or --hint-shm-dir."""
+    builder), which only RAM bounds, instead of a file in /dev/shm or --hint-shm-dir.
+    default_tokens: the corpus the plan starts from before halving (default the article's 37B)."""
     other_node = any(getattr(args, k) is not None for k in ("node_ram", "node_cores", "node_tokens", "node_shm"))
     kw = node_facts(hint_files, dataset_tokens=dataset_tokens)
     if args.node_ram is not None:
@@ -375,6 +376,8 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
     ranks = args.node_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (RECORD_RANKS if other_node else 1)
     if args.node_rank_ram is not None:
         kw["rank_ram_bytes"] = args.node_rank_ram + Geometry.for_tokens(max(1, train_tokens), lengths=lengths).nbytes
+    if default_tokens:
+        kw["default_tokens"] = default_tokens
     return plan_record(n_ranks=ranks, lengths=lengths, requested_tokens=getattr(args, "hint_tokens", None),
                        requested_geometry=getattr(args, "hint_geometry", None), hint_workers=hint_workers,
                        train_tokens=train_tokens, **kw)
