@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask
+from model.device import gpu_paths_enabled, maybe_compile
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
@@ -261,6 +262,18 @@ class GPT(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=GPT2_INIT_STD)
 
+    def compile_regions(self) -> "GPT":
+        """On the GPU path, torch.compile every block and the head (norm, LM head, soft-cap, loss)
+        in place, instead of the whole model: backward is then one autograd node per region, so
+        gradients complete block by block and GradSync's hooks start their reductions while
+        backward goes on (a whole-model compile hands every gradient over at its very end).
+        Parameter names are unchanged. A no-op off the GPU path."""
+        if gpu_paths_enabled():
+            for block in self.blocks:
+                block.compile(dynamic=False)
+            self._head = maybe_compile(self._head)
+        return self
+
     def set_window_blocks(self, blocks: int) -> None:
         """Attention window (window_attn) in blocks of attn_block_size tokens; >= 1."""
         if blocks < 1:
@@ -318,7 +331,11 @@ class GPT(nn.Module):
                 x = block(x)
                 if i == self.middle_layer:
                     x = self.hints.inject(x, hint, INJECT_MIDDLE)
-        x = self.hints.inject(x, hint, INJECT_HEAD)
+        return self._head(self.hints.inject(x, hint, INJECT_HEAD), targets)
+
+    def _head(self, x, targets):
+        """Final norm, LM head, soft-cap; the loss when targets is given, else the real columns."""
+        cfg = self.cfg
         x = rms_norm(x) if cfg.arch == "speedrun" else self.ln_f(x)
         logits = self.lm_head(x).float()                     # (B, T, padded vocab): aligned rows
         if cfg.arch == "speedrun" and cfg.logit_softcap > 0:
