@@ -163,15 +163,21 @@ def set_schedules(model, optimizers, step):
                 group["momentum"] = muon_momentum(step, warmup_steps=STEPS)
 
 
-def train_distributed(rank, grad_sync):
+def tiny_gpt2():
+    torch.manual_seed(0)
+    return GPT(tiny_config("gpt2"))
+
+
+def train_distributed(rank, grad_sync, arch="speedrun"):
     """STEPS steps of the tiny backbone on this rank's batches; (state, bytes this rank sent)."""
-    model = tiny_backbone()
-    optimizers = build_optimizers(model, arch="speedrun", rank=rank, world_size=WORLD_SIZE, grad_sync=grad_sync)
+    model = tiny_backbone() if arch == "speedrun" else tiny_gpt2()
+    optimizers = build_optimizers(model, arch=arch, rank=rank, world_size=WORLD_SIZE, grad_sync=grad_sync)
     sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
     COMM_BYTES.reset()
     launched_in_backward = []
     for step in range(STEPS):
-        set_schedules(model, optimizers, step)
+        if arch == "speedrun":
+            set_schedules(model, optimizers, step)
         model(*gpt_batch(rank, step)).backward()
         if sync is not None:
             # the hooks started every bucket during backward (all of them: every parameter has a
@@ -204,6 +210,8 @@ def distributed_worker(rank, port, out_dir):
         results = {"matrices": [p.detach().clone() for p in params]}
         for grad_sync in ("allreduce", "overlap"):
             results[grad_sync], results[grad_sync + "_bytes"] = train_distributed(rank, grad_sync)
+            # gpt2: tied embedding and head, AdamW only; the hooks' buckets against the blocking path
+            results["gpt2_" + grad_sync], _ = train_distributed(rank, grad_sync, arch="gpt2")
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -242,7 +250,7 @@ def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tm
     for r in range(1, WORLD_SIZE):
         for a, b in zip(results[0]["matrices"], results[r]["matrices"]):
             assert torch.equal(a, b)
-        for path in ("allreduce", "overlap"):
+        for path in ("allreduce", "overlap", "gpt2_allreduce", "gpt2_overlap"):
             for name, tensor in results[0][path].items():
                 assert torch.equal(tensor, results[r][path][name]), (path, name)
     # the sharded Muon on its own equals the single-process Muon on the averaged gradients
@@ -265,6 +273,10 @@ def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tm
                                        msg=lambda m: f"{path} {name}: {m}")
     moved = [n for n, t in reference.state_dict().items() if not torch.equal(t, initial[n])]
     assert len(moved) > len(initial) // 2
+    # gpt2 (every gradient averaged the same way on both paths): bitwise the same weights
+    for name, tensor in results[0]["gpt2_allreduce"].items():
+        assert torch.equal(tensor, results[0]["gpt2_overlap"][name]), name
+    assert not torch.equal(results[0]["gpt2_overlap"]["wte.weight"], tiny_gpt2().state_dict()["wte.weight"])
     # bytes: overlap (reduce-scatter fp32 + all-gather bf16 for Muon) < blocking all-reduce path
     overlap, blocking = results[0]["overlap_bytes"], results[0]["allreduce_bytes"]
     assert set(overlap) == {"all_reduce", "reduce_scatter", "all_gather"}
