@@ -54,10 +54,11 @@ GRAD_SYNCS = ("overlap", "allreduce")
 
 
 def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, world_size: int = 1,
-                     grad_sync: str = "overlap"):
+                     grad_sync: str = "allreduce"):
     """The list of optimizers for `model`; together they cover every parameter exactly once.
 
-    grad_sync: how the trainer averages gradients across ranks (see the module docstring).
+    grad_sync: how the trainer averages gradients across ranks (see the module docstring); it
+    decides whether Muon reduce-scatters its own gradients.
     """
     if grad_sync not in GRAD_SYNCS:
         raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
