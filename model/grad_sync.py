@@ -42,11 +42,12 @@ IDLE, LAUNCHED, REDUCED = "idle", "launched", "reduced"
 class GradBucket:
     """Gradients of some parameters as views into one flat buffer, reduced by one collective.
 
-    params: the parameters, in buffer order unless `offsets` (param -> element offset) is given;
-    reduce: starts the collective on the flat buffer, returning a collectives.Pending.
+    params: the parameters, packed in this order unless `offsets` (id(param) -> element offset)
+    and `numel` (the buffer's length) give another layout; reduce: starts the collective on the
+    flat buffer, returning a collectives.Pending (None: a bucket that is never reduced).
     """
 
-    def __init__(self, params, reduce, numel=None, offsets=None, dtype=None, device=None):
+    def __init__(self, params, reduce, numel=None, offsets=None):
         self.params = list(params)
         if offsets is None:
             offsets, start = {}, 0
@@ -55,7 +56,7 @@ class GradBucket:
                 start += p.numel()
             numel = start
         first = self.params[0]
-        self.flat = torch.zeros(numel, dtype=dtype or first.dtype, device=device or first.device)
+        self.flat = torch.zeros(numel, dtype=first.dtype, device=first.device)
         self.views = {id(p): self.flat[offsets[id(p)]:offsets[id(p)] + p.numel()].view_as(p) for p in self.params}
         self._reduce = reduce
         self.pending = None
@@ -180,9 +181,7 @@ class GradSync:
         for bucket in self.replicated_buckets:
             bucket.wait()
             bucket.reset()
-        for bucket in self.sharded:
-            bucket.arrived = set()
-        self._next = 0
+        self._next = 0  # the sharded buckets are reset by their optimizer once it used them
         if not self._rebuilt:
             self._rebuild_from_arrivals()
 

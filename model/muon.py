@@ -25,7 +25,7 @@ import torch
 
 from model.collectives import all_gather_segments, is_distributed, reduce_scatter_mean
 from model.device import gpu_paths_enabled, maybe_compile
-from model.grad_sync import GradBucket
+from model.grad_sync import IDLE, GradBucket
 
 # Quintic Newton-Schulz coefficients from Keller Jordan's Muon (chosen to maximise the slope at 0,
 # so small singular values grow fast; the result lands roughly in [0.7, 1.2] rather than exactly 1).
@@ -154,7 +154,7 @@ class Muon(torch.optim.Optimizer):
         gathers = []
         for grads, updates, views, owner in self._buckets:
             if self.shard_grads:
-                if grads.state == "idle":  # no GradSync started it during backward
+                if grads.state == IDLE:  # no GradSync started it during backward
                     grads.launch()
                 grads.wait()
             else:  # the caller averaged every gradient already
