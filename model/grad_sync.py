@@ -44,7 +44,7 @@ class GradBucket:
 
     params: the parameters, packed in this order unless `offsets` (id(param) -> element offset)
     and `numel` (the buffer's length) give another layout; reduce: starts the collective on the
-    flat buffer, returning a collectives.Pending (None: a bucket that is never reduced).
+    flat buffer, returning a collectives.Pending.
     """
 
     def __init__(self, params, reduce, numel=None, offsets=None):

@@ -22,6 +22,7 @@ matrices rank r owns (parameters' .grad are views into it). Per bucket:
      keep identical weights.
 """
 import torch
+import torch.distributed as dist
 
 from model.collectives import all_gather_segments, is_distributed, reduce_scatter_mean
 from model.device import gpu_paths_enabled, maybe_compile
@@ -98,13 +99,18 @@ class Muon(torch.optim.Optimizer):
             raise ValueError("Muon is for matrices; give it 2-D parameters")
         self.rank, self.world_size = rank, world_size
         self.distributed = world_size > 1 and is_distributed()
+        if self.distributed and (rank, world_size) != (dist.get_rank(), dist.get_world_size()):
+            raise ValueError(f"Muon: rank={rank}, world_size={world_size} differ from torch.distributed's "
+                             f"{dist.get_rank()} of {dist.get_world_size()}")
         self.shard_grads = shard_grads
         self._orthogonalise = maybe_compile(newton_schulz)
-        self._buckets = []     # (GradBucket of gradients, bf16 update buffer, views into it, owners)
+        # per bucket: (params, GradBucket of their gradients or None, bf16 update buffer, views
+        # into it, owner rank by id(param))
+        self._buckets = []
         if self.distributed:
             self._build_buckets(n_buckets)
         # GradSync reduces these during backward and leaves Muon's parameters out of its all-reduce
-        self.grad_buckets = [b for b, *_ in self._buckets] if self.distributed and shard_grads else []
+        self.grad_buckets = [b[1] for b in self._buckets if b[1] is not None]
 
     def _build_buckets(self, n_buckets):
         W = self.world_size
@@ -119,12 +125,13 @@ class Muon(torch.optim.Optimizer):
                 used[r] += p.numel()
             segment = max(used)
             offsets = {id(p): r * segment + offsets[id(p)] for p, r in zip(params, owners)}
-            reduce = reduce_scatter_mean if self.shard_grads else None
-            grads = GradBucket(params, reduce, numel=W * segment, offsets=offsets)
-            grads.attach()
+            grads = None
+            if self.shard_grads:
+                grads = GradBucket(params, reduce_scatter_mean, numel=W * segment, offsets=offsets)
+                grads.attach()
             updates = torch.zeros(W * segment, dtype=UPDATE_DTYPE, device=params[0].device)
-            update_views = {id(p): updates[offsets[id(p)]:offsets[id(p)] + p.numel()].view_as(p) for p in params}
-            self._buckets.append((grads, updates, update_views, dict(zip(map(id, params), owners))))
+            views = {id(p): updates[offsets[id(p)]:offsets[id(p)] + p.numel()].view_as(p) for p in params}
+            self._buckets.append((params, grads, updates, views, dict(zip(map(id, params), owners))))
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
         """The scaled update of p from its (averaged) gradient; momentum state on the caller's rank."""
@@ -152,19 +159,21 @@ class Muon(torch.optim.Optimizer):
                     p.add_(self._update(p, grad, group).to(UPDATE_DTYPE), alpha=-group["lr"])
             return loss
         gathers = []
-        for grads, updates, views, owner in self._buckets:
-            if self.shard_grads:
-                if grads.state == IDLE:  # no GradSync started it during backward
+        for params, grads, updates, views, owner in self._buckets:
+            if grads is not None:
+                if grads.state == IDLE:  # no GradSync started the reduce-scatter during backward
                     grads.launch()
                 grads.wait()
-            else:  # the caller averaged every gradient already
-                for p in grads.params:
-                    grads.take_grad(p)
-            for p in grads.params:
+            for p in params:
                 if owner[id(p)] == self.rank:
-                    views[id(p)].copy_(self._update(p, grads.view(p), group_of[id(p)]))
-            grads.reset()
-            gathers.append((all_gather_segments(updates), grads.params, views))
+                    if grads is not None:
+                        grad = grads.view(p)
+                    else:  # the caller averaged every gradient already
+                        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                    views[id(p)].copy_(self._update(p, grad, group_of[id(p)]))
+            if grads is not None:
+                grads.reset()
+            gathers.append((all_gather_segments(updates), params, views))
         for pending, params, views in gathers:
             pending.wait()
             for p in params:
