@@ -3,18 +3,36 @@
 arch="speedrun" (modded-nanogpt style): token embedding followed by a parameter-free RMSNorm,
 rotary position embeddings, RMSNorm on queries and keys (QK-norm), ReLU^2 MLP, zero-initialised
 output projections and LM head, an untied LM head, and a soft-capped logit
-`cap * tanh(logits / cap)`.
+`cap * tanh(logits / cap)`. That is the record of November 2024 that untied embedding and head.
+The later records' backbone features are GPTConfig fields, each off by default
+(RECORD_BACKBONE turns on the set of the record of 2025-01-04; docs/design.md names it):
+  unet_skips    U-net: the first n_layer // 2 blocks are encoders whose outputs the decoder
+                blocks add back in reverse order, each through a learned weight (init 1);
+  embed_skips   every block first mixes in the normalised token embedding x0:
+                x = a * x + b * x0, learned (a, b) initialised to (1, 0);
+  value_embeds  N extra embedding tables; the first N and the last N blocks add table i's
+                row of the input token to their attention values: v = a * v + b * ve
+                (learned (a, b) = (0.5, 0.5) in every attention block);
+  window_attn   sliding-window causal attention with document masking at BOS tokens
+                (model/attention.py); the window, in blocks of attn_block_size tokens, is set
+                per step through set_window_blocks() and grows during training;
+  no_attn_layers  blocks with only the MLP;
+  rope="half"   rotary on half the head dims with frequencies (1/1024)^[0..1], the other half
+                left unrotated (rope="full": RoFormer's base 10000 on every dim).
 arch="gpt2" (llm.c's GPT-2 124M): learned position embeddings, LayerNorm, GELU(tanh) MLP,
 biases, LM head tied to the token embedding, N(0, 0.02) init with residual projections scaled
 by 1/sqrt(2 * n_layer), no soft-cap.
 
 Both add the hint vector (hint_embedding.py) to the residual stream at three places:
   INJECT_EMBED  right after the embedding (after its RMSNorm for speedrun; after wte + wpe for gpt2),
-  INJECT_MIDDLE after block n_layer // 2 - 1,
+  INJECT_MIDDLE after block n_layer // 2 - 1 (the last encoder block; its U-net skip is taken
+                before the hint is added, so the hint enters once),
   INJECT_HEAD   after the last block, BEFORE the final norm, so the final norm sees the hint
                 relative to the (depth-grown) residual and the LM head gets a normalised input.
-Attention is F.scaled_dot_product_attention(is_causal=True) on every device (flash on GPU).
-Logits and loss are float32.
+The embedding skip x0 is the embedding without the hint.
+Logits keep the padded vocabulary width (a multiple of 128) through the soft-cap and the loss;
+the pad columns are filled with -inf before the cross-entropy (exactly the loss over the real
+columns), and the logits returned without targets are a view of the real columns. float32.
 """
 import math
 from dataclasses import dataclass
@@ -23,18 +41,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask
+from model.device import gpu_paths_enabled, maybe_compile
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
+ROPES = ("full", "half")
 # Vocabulary rows are padded to a multiple of 128 (llm.c / modded-nanogpt: 50257 -> 50304) so the
-# LM-head matmul has an aligned shape; logits are sliced back to vocab_size.
+# LM-head matmul and the logits rows have aligned shapes.
 VOCAB_PAD_MULTIPLE = 128
 # RoFormer's base frequency.
 ROPE_BASE = 10000.0
+# The records' half-truncated rotary (from 2024-12-17): head_dim / 4 frequencies spaced
+# geometrically from 1 down to 1/1024, then head_dim / 4 zero frequencies.
+HALF_ROPE_MIN_FREQ = 1 / 1024
 # modded-nanogpt's CastedLinear init: uniform with std 0.5 / sqrt(fan_in).
 SPEEDRUN_INIT_GAIN = 0.5
 # GPT-2 / llm.c init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer).
 GPT2_INIT_STD = 0.02
+# Initial mixes of the records: block (x, x0) = (1, 0), attention (v, value embedding) = (0.5, 0.5).
+EMBED_SKIP_INIT = (1.0, 0.0)
+VALUE_MIX_INIT = (0.5, 0.5)
+
+# The backbone of modded-nanogpt's record of 2025-01-04 ("Lower logit softcap from 30 to 15",
+# 3.4 minutes on 8xH100, val loss 3.2785 at step 1390; records/track_1_short/2025-01-04_SoftCap):
+# U-net and embedding skips, 3 value-embedding tables on blocks 0-2 and 9-11, block 7 without
+# attention, half-truncated rotary, sliding-window document-masked attention, soft-cap 15.
+RECORD_BACKBONE = dict(unet_skips=True, embed_skips=True, value_embeds=3, window_attn=True,
+                       no_attn_layers=(7,), rope="half")
 
 
 @dataclass
@@ -48,17 +82,46 @@ class GPTConfig:
     n_hint_lengths: int = 3         # K: hints per position (one per n-gram length)
     n_hint_kinds: int = 0           # required: the hint index's kind count, hints.n_kinds(n_hint_lengths)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
+    # later-record backbone features (speedrun only; see the module docstring)
+    unet_skips: bool = False
+    embed_skips: bool = False
+    value_embeds: int = 0
+    window_attn: bool = False
+    attn_block_size: int = ATTN_BLOCK_SIZE
+    bos_id: int = BOS_ID
+    no_attn_layers: tuple = ()
+    rope: str = "full"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
+        if self.rope not in ROPES:
+            raise ValueError(f"rope must be one of {ROPES}, got {self.rope!r}")
+        head_multiple = 4 if self.rope == "half" else 2  # rotary pairs; "half" rotates half of them
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % head_multiple:
+            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of a size "
+                             f"divisible by {head_multiple} (rope={self.rope!r})")
         if self.n_layer < 2:
             raise ValueError("n_layer must be >= 2 (the middle hint injection sits between layers)")
         if self.n_hint_kinds <= 0:
             raise ValueError(f"n_hint_kinds={self.n_hint_kinds}: pass the hint index's kind count "
                              f"(hints.n_kinds(n_hint_lengths))")
+        self.no_attn_layers = tuple(sorted(int(i) for i in self.no_attn_layers))
+        if not 0 <= self.value_embeds <= self.n_layer // 2:
+            raise ValueError(f"value_embeds={self.value_embeds} must be in [0, n_layer // 2 = {self.n_layer // 2}] "
+                             f"(the first and the last value_embeds blocks read them)")
+        if any(not 0 <= i < self.n_layer for i in self.no_attn_layers):
+            raise ValueError(f"no_attn_layers={self.no_attn_layers} must be block indices in [0, {self.n_layer})")
+        if self.attn_block_size < 1:
+            raise ValueError(f"attn_block_size must be >= 1, got {self.attn_block_size}")
+        if self.arch == "gpt2" and self.speedrun_features():
+            raise ValueError(f"{', '.join(self.speedrun_features())} are speedrun-only features (arch='gpt2')")
+
+    def speedrun_features(self) -> list[str]:
+        """Names of the later-record features this config turns on."""
+        on = dict(unet_skips=self.unet_skips, embed_skips=self.embed_skips, value_embeds=self.value_embeds > 0,
+                  window_attn=self.window_attn, no_attn_layers=bool(self.no_attn_layers), rope=self.rope != "full")
+        return [name for name, enabled in on.items() if enabled]
 
     @property
     def padded_vocab_size(self) -> int:
@@ -80,13 +143,20 @@ def speedrun_linear(n_in: int, n_out: int, zero: bool = False) -> nn.Linear:
     return layer
 
 
+def rotary_frequencies(head_dim: int, rope: str) -> torch.Tensor:
+    """The head_dim / 2 angular frequencies of the rotary embedding."""
+    if rope == "full":
+        return ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    rotated = HALF_ROPE_MIN_FREQ ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float32)
+    return torch.cat([rotated, rotated.new_zeros(head_dim // 4)])
+
+
 class Rotary(nn.Module):
     """Rotary position embedding for (B, T, H, head_dim) tensors; one instance shared by all layers."""
 
-    def __init__(self, head_dim: int, max_seq_len: int):
+    def __init__(self, head_dim: int, max_seq_len: int, rope: str = "full"):
         super().__init__()
-        inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), rotary_frequencies(head_dim, rope))
         self.register_buffer("cos", angles.cos()[:, None, :], persistent=False)  # (T, 1, head_dim/2)
         self.register_buffer("sin", angles.sin()[:, None, :], persistent=False)
 
@@ -97,31 +167,38 @@ class Rotary(nn.Module):
         return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """(B, T, H, hd) q, k, v -> (B, T, H * hd) causal attention output."""
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    return y.transpose(1, 2).flatten(2)
-
-
 class SpeedrunBlock(nn.Module):
-    """Pre-norm block: QK-normed rotary attention and a ReLU^2 MLP, zero-init output projections."""
+    """Pre-norm block: QK-normed rotary attention (unless attention=False) and a ReLU^2 MLP,
+    zero-init output projections; optional embedding skip and value-embedding mix."""
 
-    def __init__(self, cfg: GPTConfig, rotary: Rotary):
+    def __init__(self, cfg: GPTConfig, rotary: Rotary, attention: bool = True):
         super().__init__()
         d = cfg.n_embd
         self.n_head = cfg.n_head
         self.rotary = rotary
-        self.q, self.k, self.v = speedrun_linear(d, d), speedrun_linear(d, d), speedrun_linear(d, d)
-        self.attn_proj = speedrun_linear(d, d, zero=True)
+        self.has_attention = attention
+        if attention:
+            self.q, self.k, self.v = speedrun_linear(d, d), speedrun_linear(d, d), speedrun_linear(d, d)
+            self.attn_proj = speedrun_linear(d, d, zero=True)
+            self.value_mix = nn.Parameter(torch.tensor(VALUE_MIX_INIT)) if cfg.value_embeds else None
         self.fc = speedrun_linear(d, 4 * d)
         self.mlp_proj = speedrun_linear(4 * d, d, zero=True)
+        self.embed_mix = nn.Parameter(torch.tensor(EMBED_SKIP_INIT)) if cfg.embed_skips else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x)
-        heads = (*h.shape[:2], self.n_head, -1)
-        q = self.rotary(rms_norm(self.q(h).view(heads)))
-        k = self.rotary(rms_norm(self.k(h).view(heads)))
-        x = x + self.attn_proj(causal_attention(q, k, self.v(h).view(heads)))
+    def forward(self, x, x0=None, ve=None, mask=None):
+        """x: residual (B, T, d); x0: normalised embedding; ve: value embedding (B, T, d) or None;
+        mask: model.attention.build_mask() of the inputs (None: dense causal)."""
+        if self.embed_mix is not None:
+            x = self.embed_mix[0] * x + self.embed_mix[1] * x0
+        if self.has_attention:
+            h = rms_norm(x)
+            heads = (*h.shape[:2], self.n_head, -1)
+            q = self.rotary(rms_norm(self.q(h).view(heads)))
+            k = self.rotary(rms_norm(self.k(h).view(heads)))
+            v = self.v(h)
+            if self.value_mix is not None:
+                v = self.value_mix[0] * v if ve is None else self.value_mix[0] * v + self.value_mix[1] * ve
+            x = x + self.attn_proj(attend(q, k, v.view(heads), mask))
         return x + self.mlp_proj(F.relu(self.fc(rms_norm(x))).square())
 
 
@@ -142,7 +219,7 @@ class GPT2Block(nn.Module):
         h = self.ln_1(x)
         heads = (*h.shape[:2], self.n_head, -1)
         q, k, v = (t.view(heads) for t in self.c_attn(h).chunk(3, dim=-1))
-        x = x + self.attn_proj(causal_attention(q, k, v))
+        x = x + self.attn_proj(attend(q, k, v, None))
         return x + self.mlp_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
 
 
@@ -155,9 +232,19 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.hints = HintEmbedding(d, cfg.n_hint_kinds)
         self.middle_layer = cfg.n_layer // 2 - 1   # INJECT_MIDDLE goes after this block
+        # True on the pad columns of the logits (filled with -inf before the loss)
+        self.register_buffer("pad_columns", torch.arange(vocab) >= cfg.vocab_size, persistent=False)
         if cfg.arch == "speedrun":
-            rotary = Rotary(d // cfg.n_head, cfg.max_seq_len)
-            self.blocks = nn.ModuleList(SpeedrunBlock(cfg, rotary) for _ in range(cfg.n_layer))
+            rotary = Rotary(d // cfg.n_head, cfg.max_seq_len, cfg.rope)
+            self.blocks = nn.ModuleList(SpeedrunBlock(cfg, rotary, attention=i not in cfg.no_attn_layers)
+                                        for i in range(cfg.n_layer))
+            self.value_embeds = nn.ModuleList(nn.Embedding(vocab, d) for _ in range(cfg.value_embeds))
+            n_decoder = cfg.n_layer - cfg.n_layer // 2
+            self.skip_weights = nn.Parameter(torch.ones(n_decoder)) if cfg.unet_skips else None
+            # the attention window in blocks of attn_block_size tokens (set_window_blocks; all of
+            # max_seq_len until set); a tensor, so a compiled model does not recompile as it grows
+            full = math.ceil(cfg.max_seq_len / cfg.attn_block_size)
+            self.register_buffer("window_blocks", torch.tensor(full, dtype=torch.int32), persistent=False)
             nn.init.normal_(self.wte.weight, std=1.0)   # read through an RMSNorm, so unit scale
             nn.init.zeros_(self.lm_head.weight)         # modded-nanogpt: zero-init LM head
         else:
@@ -186,13 +273,56 @@ class GPT(nn.Module):
         n_matmul += self.lm_head.weight.numel()
         return 6 * n_matmul + 12 * self.cfg.n_layer * self.cfg.n_embd * seq_len
 
+    def compile_regions(self) -> "GPT":
+        """On the GPU path, torch.compile every block and the head (norm, LM head, soft-cap, loss)
+        in place, instead of the whole model: backward is then one autograd node per region, so
+        gradients complete block by block and GradSync's hooks start their reductions while
+        backward goes on (a whole-model compile hands every gradient over at its very end).
+        Parameter names are unchanged. A no-op off the GPU path."""
+        if gpu_paths_enabled():
+            for block in self.blocks:
+                block.compile(dynamic=False)
+            self._head = maybe_compile(self._head)
+        return self
+
+    def set_window_blocks(self, blocks: int) -> None:
+        """Attention window (window_attn) in blocks of attn_block_size tokens; >= 1."""
+        if blocks < 1:
+            raise ValueError(f"the attention window must be >= 1 block, got {blocks}")
+        self.window_blocks.fill_(blocks)
+
     def _hint_vector(self, idx, hint_tokens, hint_kinds):
         if hint_tokens is None and hint_kinds is None:
             return None
         expected = (*idx.shape, self.cfg.n_hint_lengths)
         if hint_tokens is None or hint_kinds is None or hint_tokens.shape != expected or hint_kinds.shape != expected:
             raise ValueError(f"hint_tokens and hint_kinds must both be None or both of shape {expected}")
-        return self.hints(self.wte.weight, hint_tokens, hint_kinds)
+        return self.hints(self.wte.weight, idx, hint_tokens, hint_kinds)
+
+    def _value_embedding(self, ves, layer):
+        """The value embedding block `layer` reads: table i for block i and block n_layer - n + i."""
+        n = len(ves)
+        if layer < n:
+            return ves[layer]
+        if layer >= self.cfg.n_layer - n:
+            return ves[layer - (self.cfg.n_layer - n)]
+        return None
+
+    def _speedrun_blocks(self, x, x0, idx, hint):
+        cfg = self.cfg
+        mask = build_mask(idx, self.window_blocks if cfg.window_attn else None, cfg.attn_block_size, cfg.bos_id)
+        ves = [table(idx) for table in self.value_embeds]
+        n_encoder = cfg.n_layer // 2
+        skips = []
+        for i, block in enumerate(self.blocks):
+            if self.skip_weights is not None and i >= n_encoder and skips:
+                x = x + self.skip_weights[i - n_encoder] * skips.pop()
+            x = block(x, x0, self._value_embedding(ves, i), mask)
+            if self.skip_weights is not None and i < n_encoder:
+                skips.append(x)
+            if i == self.middle_layer:
+                x = self.hints.inject(x, hint, INJECT_MIDDLE)
+        return x
 
     def forward(self, idx, targets=None, hint_tokens=None, hint_kinds=None):
         """idx, targets: (B, T) int64; hint_tokens, hint_kinds: (B, T, n_hint_lengths) int64, -1 = none.
@@ -203,19 +333,26 @@ class GPT(nn.Module):
         cfg = self.cfg
         hint = self._hint_vector(idx, hint_tokens, hint_kinds)
         if cfg.arch == "speedrun":
-            x = rms_norm(self.wte(idx))
+            x0 = rms_norm(self.wte(idx))
+            x = self._speedrun_blocks(self.hints.inject(x0, hint, INJECT_EMBED), x0, idx, hint)
         else:
             x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
-        x = self.hints.inject(x, hint, INJECT_EMBED)
-        for i, block in enumerate(self.blocks):
-            x = block(x)
-            if i == self.middle_layer:
-                x = self.hints.inject(x, hint, INJECT_MIDDLE)
-        x = self.hints.inject(x, hint, INJECT_HEAD)
+            x = self.hints.inject(x, hint, INJECT_EMBED)
+            for i, block in enumerate(self.blocks):
+                x = block(x)
+                if i == self.middle_layer:
+                    x = self.hints.inject(x, hint, INJECT_MIDDLE)
+        return self._head(self.hints.inject(x, hint, INJECT_HEAD), targets)
+
+    def _head(self, x, targets):
+        """Final norm, LM head, soft-cap; the loss when targets is given, else the real columns."""
+        cfg = self.cfg
         x = rms_norm(x) if cfg.arch == "speedrun" else self.ln_f(x)
-        logits = self.lm_head(x)[..., : cfg.vocab_size].float()
+        logits = self.lm_head(x).float()                     # (B, T, padded vocab): aligned rows
         if cfg.arch == "speedrun" and cfg.logit_softcap > 0:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         if targets is None:
-            return logits
+            return logits[..., : cfg.vocab_size]
+        if cfg.padded_vocab_size > cfg.vocab_size:
+            logits = logits.masked_fill(self.pad_columns, float("-inf"))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

@@ -8,9 +8,17 @@ has two learned parameters:
   trust_embedding[kind] an n_embd vector added on top, telling the model what kind it is.
 The hint vector of a position is the sum over its lengths of
   trust_amount[kind] * wte[token] + trust_embedding[kind].
-Absent hints (-1) contribute exactly zero: their indices are clamped to 0 for the gather and
-the gathered terms are multiplied by a 0/1 mask (0 * finite == 0 exactly), so a batch with
-every hint absent gives bitwise the same model output as no hints at all.
+
+Absent hints (-1) contribute exactly zero, and their backward touches no hot row:
+  * the kind tables are read through a one-hot matmul, not a gather, so their gradients are
+    reductions (one_hot^T @ grad) instead of scatter-adds of every position into 126 rows. An
+    absent hint's one-hot row is all zeros, so its amount is exactly 0 and it adds nothing to
+    the per-kind trust embeddings;
+  * an absent hint's token row is the position's own input token (the rows the embedding's own
+    backward already adds to, spread like the text), not a clamp to token 0, so the zero-valued
+    adds into wte.grad do not pile onto one row. The row is multiplied by its amount, 0.
+Since 0 * finite == 0 exactly, a batch with every hint absent gives bitwise the same model
+output as no hints at all.
 
 The vector is computed once per forward and added to the residual stream at three places
 (INJECT_EMBED, INJECT_MIDDLE, INJECT_HEAD; see gpt.py), each with its own learned scale,
@@ -35,19 +43,26 @@ class HintEmbedding(nn.Module):
 
     def __init__(self, n_embd: int, n_kinds: int):
         super().__init__()
+        self.n_kinds = n_kinds
         self.trust_amount = nn.Parameter(torch.full((n_kinds,), TRUST_AMOUNT_INIT))
         self.trust_embedding = nn.Parameter(torch.zeros(n_kinds, n_embd))
         self.scales = nn.Parameter(torch.full((N_INJECTIONS,), SCALE_INIT))
 
-    def forward(self, wte: torch.Tensor, hint_tokens: torch.Tensor, hint_kinds: torch.Tensor) -> torch.Tensor:
-        """Hint vectors (B, T, n_embd) from hint_tokens, hint_kinds (B, T, K); wte is the token table."""
+    def forward(self, wte: torch.Tensor, idx: torch.Tensor, hint_tokens: torch.Tensor,
+                hint_kinds: torch.Tensor) -> torch.Tensor:
+        """Hint vectors (B, T, n_embd) from hint_tokens, hint_kinds (B, T, K), -1 = absent.
+
+        wte is the token table; idx (B, T) the input tokens (the rows absent hints point at).
+        """
         present = (hint_tokens >= 0) & (hint_kinds >= 0)
-        mask = present.to(wte.dtype).unsqueeze(-1)                      # (B, T, K, 1)
-        tokens = hint_tokens.clamp(min=0)
-        kinds = hint_kinds.clamp(min=0)
-        amount = self.trust_amount[kinds].unsqueeze(-1)                 # (B, T, K, 1)
-        per_length = amount * wte[tokens] + self.trust_embedding[kinds]  # (B, T, K, n_embd)
-        return (per_length * mask).sum(dim=2)
+        # (B, T, K, n_kinds) one-hot of each present hint's kind; all zeros for an absent one (-1
+        # matches no kind). A comparison, not F.one_hot: no int64 (B, T, K, n_kinds) intermediate.
+        kinds = hint_kinds.masked_fill(~present, -1).unsqueeze(-1)
+        kind_onehot = (kinds == torch.arange(self.n_kinds, device=kinds.device)).to(wte.dtype)
+        amount = kind_onehot @ self.trust_amount                                     # (B, T, K)
+        tokens = torch.where(present, hint_tokens, idx.unsqueeze(-1))
+        hinted = (amount.unsqueeze(-1) * wte[tokens]).sum(dim=2)                     # (B, T, n_embd)
+        return hinted + kind_onehot.sum(dim=2) @ self.trust_embedding
 
     def inject(self, x: torch.Tensor, hint: torch.Tensor | None, where: int) -> torch.Tensor:
         """Add the hint vector to the residual stream x at injection point `where`."""

@@ -1,17 +1,23 @@
-"""Optimizer setup, gradient averaging across ranks, and the learning-rate schedule.
+"""Optimizer setup, the blocking gradient all-reduce, and the training schedules.
 
-speedrun (modded-nanogpt recipe): Adam for the embedding table, the LM head and every scalar
-(including the hint trust amounts and injection scales), Muon for the hidden matrices.
+speedrun (modded-nanogpt recipe): Adam for the embedding tables (token, value embeddings, hint
+trust embeddings), the LM head and every scalar (hint trust amounts and injection scales, skip
+and mix weights), Muon for the hidden matrices.
 gpt2 (llm.c recipe): a single AdamW, weight decay on 2-D parameters only.
 Every group stores its base lr in group["initial_lr"]; the trainer sets
-group["lr"] = group["initial_lr"] * lr_multiplier(...) each step.
+group["lr"] = group["initial_lr"] * lr_multiplier(...) each step, the Muon momentum to
+muon_momentum(step) and the attention window to attention_window_blocks(step, ...).
 
-Gradient averaging is the caller's job: call allreduce_grads(model) after backward and before
-stepping (Muon only splits the orthogonalisation work, it assumes identical gradients).
+Gradient averaging, two ways (build_optimizers(grad_sync=...) must match the one used):
+  "overlap"   model.grad_sync.GradSync: bucketed reductions started during backward; Muon
+              reduce-scatters its own matrices (shard_grads=True);
+  "allreduce" allreduce_grads(model) after backward: one blocking all-reduce of every gradient
+              (the path before GradSync, kept for A/B runs); Muon gets identical gradients on
+              every rank and only splits the orthogonalisation (shard_grads=False).
 """
 import torch
-import torch.distributed as dist
 
+from model.collectives import all_reduce_mean, is_distributed
 from model.muon import Muon
 
 # speedrun learning rates, from modded-nanogpt's records with a zero-initialised LM head.
@@ -20,6 +26,13 @@ HEAD_LR = 0.008         # untied, zero-initialised LM head
 SCALAR_LR = 0.04        # 0-/1-D parameters: hint trust amounts and injection scales
 MUON_LR = 0.05
 MUON_MOMENTUM = 0.95
+# Muon momentum warm-up of the records from 2024-11-06 on: linear 0.85 -> 0.95 over 300 steps.
+MUON_MOMENTUM_START = 0.85
+MUON_MOMENTUM_WARMUP_STEPS = 300
+# Attention window of the record of 2025-01-04: linear in training progress from 128 to 1856
+# tokens, in whole blocks of 128 (1 -> 14 blocks).
+WINDOW_START_TOKENS = 128
+WINDOW_END_TOKENS = 1856
 ADAM_BETAS = (0.8, 0.95)
 ADAM_EPS = 1e-10
 
@@ -37,8 +50,18 @@ def _adam(cls, groups, **kwargs):
     return cls(groups, fused=fused, **kwargs)
 
 
-def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, world_size: int = 1):
-    """The list of optimizers for `model`; together they cover every parameter exactly once."""
+GRAD_SYNCS = ("overlap", "allreduce")
+
+
+def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, world_size: int = 1,
+                     grad_sync: str = "allreduce"):
+    """The list of optimizers for `model`; together they cover every parameter exactly once.
+
+    grad_sync: how the trainer averages gradients across ranks (see the module docstring); it
+    decides whether Muon reduce-scatters its own gradients.
+    """
+    if grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
     params = dict(model.named_parameters())  # deduplicates the tied gpt2 embedding / LM head
     if arch == "gpt2":
         decay = [p for p in params.values() if p.ndim >= 2]
@@ -50,7 +73,8 @@ def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, 
         return [_adam(torch.optim.AdamW, groups, betas=GPT2_BETAS, eps=GPT2_EPS)]
     if arch != "speedrun":
         raise ValueError(f"unknown arch {arch!r}")
-    embed = [params["wte.weight"], params["hints.trust_embedding"]]
+    embed = [params["wte.weight"], params["hints.trust_embedding"],
+             *(p for name, p in params.items() if name.startswith("value_embeds."))]
     head = [params["lm_head.weight"]]
     hidden = [p for name, p in params.items() if name.startswith("blocks.") and p.ndim >= 2]
     scalars = [p for p in params.values() if p.ndim < 2]
@@ -60,21 +84,22 @@ def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, 
         dict(params=scalars, lr=SCALAR_LR * lr_scale),
     ]
     adam = _adam(torch.optim.Adam, groups, betas=ADAM_BETAS, eps=ADAM_EPS)
-    muon = Muon(hidden, lr=MUON_LR * lr_scale, momentum=MUON_MOMENTUM, rank=rank, world_size=world_size)
+    muon = Muon(hidden, lr=MUON_LR * lr_scale, momentum=MUON_MOMENTUM, rank=rank, world_size=world_size,
+                shard_grads=grad_sync == "overlap")
     for group in muon.param_groups:
         group["initial_lr"] = group["lr"]
     return [adam, muon]
 
 
 def allreduce_grads(model) -> None:
-    """Average gradients across ranks (no-op unless torch.distributed runs with world_size > 1).
+    """Average gradients across ranks, blocking (no-op unless torch.distributed runs with
+    world_size > 1): the "allreduce" grad sync, for A/B runs against model.grad_sync.GradSync.
 
     A parameter without a gradient on this rank gets a zero one, so every rank reduces the same
-    list. All gradients go through one flat buffer per dtype and a single all_reduce.
+    list. All gradients go through one flat buffer per dtype and a single all-reduce.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not is_distributed():
         return
-    world_size = dist.get_world_size()
     by_dtype = {}
     for p in model.parameters():
         if not p.requires_grad:
@@ -84,8 +109,7 @@ def allreduce_grads(model) -> None:
         by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
     for grads in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # SUM: gloo has no AVG
-        flat.div_(world_size)
+        all_reduce_mean(flat).wait()
         for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(reduced.view_as(g))
 
@@ -104,3 +128,20 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, cooldown_f
     if step < cooldown_start:
         return 1.0
     return max(total_steps - step, 0) / max(total_steps - cooldown_start, 1)
+
+
+def muon_momentum(step: int, warmup_steps: int = MUON_MOMENTUM_WARMUP_STEPS,
+                  start: float = MUON_MOMENTUM_START, end: float = MUON_MOMENTUM) -> float:
+    """Muon momentum at `step`: linear from start to end over warmup_steps, then end."""
+    if warmup_steps <= 0:
+        return end
+    frac = min(step / warmup_steps, 1.0)
+    return (1 - frac) * start + frac * end
+
+
+def attention_window_blocks(step: int, total_steps: int, block_size: int = 128,
+                            start_tokens: int = WINDOW_START_TOKENS, end_tokens: int = WINDOW_END_TOKENS) -> int:
+    """Attention window at `step` in blocks of block_size tokens: linear in training progress from
+    start_tokens to end_tokens, rounded down to whole blocks, at least one."""
+    frac = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    return max(1, int(((1 - frac) * start_tokens + frac * end_tokens) // block_size))

@@ -10,7 +10,7 @@ from model import GPT, GPTConfig, build_optimizers
 VOCAB, T, B, K = 512, 32, 4, 3
 N_KINDS = n_kinds(K)
 ARCHS = ("speedrun", "gpt2")
-USED_KINDS = torch.tensor([3, 17, 42, 99])  # kind 0 (the clamp target for absent hints) is unused
+USED_KINDS = torch.tensor([3, 17, 42, 99])  # kind 0 unused: absent hints must not reach it either
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,4 +1,8 @@
-"""model/ optimizers: Muon orthogonalises, parameter groups are complete, distributed Muon agrees."""
+"""model/ optimizers and gradient sync: Muon orthogonalises, parameter groups are complete, the
+schedules, Muon's balanced ownership, and on gloo ranks the overlapped sync with sharded Muon
+matches the single-process optimizer while moving fewer bytes than the blocking all-reduce."""
+import collections
+import math
 import os
 import socket
 
@@ -8,11 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hints import n_kinds
-from model import GPT, GPTConfig, Muon, allreduce_grads, build_optimizers, lr_multiplier
-
-WORLD_SIZE = 2
-MATRIX_SHAPES = [(16, 8), (16, 8), (16, 8), (8, 16), (12, 12)]  # uneven chunks: some ranks idle
-STEPS = 3
+from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, build_optimizers,
+                   lr_multiplier, muon_momentum)
+from model.collectives import COMM_BYTES
+from model.muon import MUON_BUCKETS, assign_owners, newton_schulz_cost, split_buckets
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,7 +69,7 @@ def test_build_optimizers_covers_every_parameter_once(arch):
     if arch == "speedrun":
         (muon,) = [opt for opt in optimizers if isinstance(opt, Muon)]
         muon_params = {id(p) for group in muon.param_groups for p in group["params"]}
-        assert muon_params == {id(p) for p in model.blocks.parameters()}
+        assert muon_params == {id(p) for p in model.blocks.parameters() if p.ndim == 2}
 
 
 def test_lr_multiplier():
@@ -75,6 +78,58 @@ def test_lr_multiplier():
     assert lr_multiplier(9, 100, warmup_steps=10, cooldown_frac=1.0) == 1.0
     assert lr_multiplier(55, 100, warmup_steps=10, cooldown_frac=1.0) == 0.5
     assert lr_multiplier(99, 100) == 1.0
+
+
+def test_muon_momentum_warmup():
+    assert muon_momentum(0) == pytest.approx(0.85)
+    assert muon_momentum(150) == pytest.approx(0.90)
+    assert muon_momentum(300) == muon_momentum(1000) == pytest.approx(0.95)
+    assert muon_momentum(5, warmup_steps=0) == pytest.approx(0.95)
+
+
+def test_attention_window_schedule():
+    # the record of 2025-01-04: 128 -> 1856 tokens over the run, in whole blocks of 128
+    assert attention_window_blocks(0, 1390) == 1
+    assert attention_window_blocks(695, 1390) == 7
+    assert attention_window_blocks(1390, 1390) == 14
+    blocks = [attention_window_blocks(s, 1390) for s in range(1391)]
+    assert blocks == sorted(blocks)
+
+
+def test_muon_owners_balance_the_record_buckets():
+    # 12 layers x (4 square 768x768 + fc 3072x768 + proj 768x3072), 8 ranks, 3 buckets: every rank
+    # gets the same Newton-Schulz work and the same number of elements in every bucket
+    shapes = [s for _ in range(12) for s in [(768, 768)] * 4 + [(3072, 768), (768, 3072)]]
+    buckets = split_buckets([a * b for a, b in shapes], MUON_BUCKETS)
+    assert len(buckets) == 3
+    for members in buckets:
+        bucket_shapes = [shapes[i] for i in members]
+        owners = assign_owners(bucket_shapes, 8)
+        cost = [sum(newton_schulz_cost(s) for s, o in zip(bucket_shapes, owners) if o == r) for r in range(8)]
+        numel = [sum(a * b for (a, b), o in zip(bucket_shapes, owners) if o == r) for r in range(8)]
+        assert len(set(cost)) == 1 and len(set(numel)) == 1, (cost, numel)
+    # uneven: 5 matrices on 2 ranks, the big one alone
+    owners = assign_owners([(64, 64), (8, 8), (8, 8), (8, 8), (8, 8)], 2)
+    assert owners[0] != owners[1] and owners.count(owners[0]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed: the overlapped sync + sharded Muon against the blocking all-reduce path and the
+# single-process optimizer, on gloo ranks.
+
+WORLD_SIZE = 2            # uneven shares: 5 matrices, and the GPT's 3 buckets of 2-5 matrices
+STEPS = 3
+MATRIX_SHAPES = [(16, 8), (16, 8), (16, 8), (8, 16), (12, 12)]
+# bf16 tolerance: the distributed Muon updates travel in bf16 (8 bits of mantissa, ~0.4%)
+BF16_RTOL, BF16_ATOL = 2e-2, 1e-3
+
+
+def tiny_backbone():
+    """A speedrun GPT with every later-record feature on, small enough for a test."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=2, n_embd=32, max_seq_len=16, unet_skips=True,
+                         embed_skips=True, value_embeds=1, window_attn=True, attn_block_size=4, bos_id=7,
+                         no_attn_layers=(2,), rope="half", n_hint_kinds=n_kinds(3)))
 
 
 def free_port():
@@ -101,42 +156,105 @@ def gpt_batch(rank, step):
     return idx, idx.roll(-1, 1), hints, kinds
 
 
+def set_schedules(model, optimizers, step):
+    model.set_window_blocks(attention_window_blocks(step, STEPS, block_size=4, start_tokens=4, end_tokens=16))
+    for opt in optimizers:
+        if isinstance(opt, Muon):
+            for group in opt.param_groups:
+                group["momentum"] = muon_momentum(step, warmup_steps=STEPS)
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    return GPT(tiny_config("gpt2"))
+
+
+def train_distributed(rank, grad_sync, arch="speedrun"):
+    """STEPS steps of the tiny backbone on this rank's batches; (state, bytes this rank sent)."""
+    model = tiny_backbone() if arch == "speedrun" else tiny_gpt2()
+    optimizers = build_optimizers(model, arch=arch, rank=rank, world_size=WORLD_SIZE, grad_sync=grad_sync)
+    sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
+    COMM_BYTES.reset()
+    launched_in_backward = []
+    for step in range(STEPS):
+        if arch == "speedrun":
+            set_schedules(model, optimizers, step)
+        model(*gpt_batch(rank, step)).backward()
+        if sync is not None:
+            # the hooks started every bucket during backward (all of them: every parameter has a
+            # gradient); on the first step in the guessed order, then in the observed one
+            launched_in_backward.append([b.state for b in sync.buckets].count("launched") == len(sync.buckets))
+            sync.wait()
+        else:
+            allreduce_grads(model)
+        for opt in optimizers:
+            opt.step()
+        if sync is not None:
+            sync.zero_grad()
+        else:
+            model.zero_grad(set_to_none=True)
+    assert all(launched_in_backward), launched_in_backward
+    return {k: v.clone() for k, v in model.state_dict().items()}, dict(COMM_BYTES.bytes)
+
+
 def distributed_worker(rank, port, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
-        # plain matrices: rank-dependent grads, averaged, then a distributed Muon step
+        # plain matrices, sharded Muon without a GradSync: step() reduce-scatters by itself
         params = matrices()
         muon = Muon(list(params), lr=0.05, rank=rank, world_size=WORLD_SIZE)
         for step in range(STEPS):
             for p, g in zip(params, matrix_grads(rank, step)):
                 p.grad = g
-            allreduce_grads(params)
             muon.step()
-        # a tiny speedrun GPT with the full optimizer set and rank-dependent hinted batches
-        torch.manual_seed(0)
-        model = GPT(tiny_config("speedrun"))
-        optimizers = build_optimizers(model, arch="speedrun", rank=rank, world_size=WORLD_SIZE)
-        for step in range(STEPS):
-            model(*gpt_batch(rank, step)).backward()
-            allreduce_grads(model)
-            for opt in optimizers:
-                opt.step()
-            model.zero_grad(set_to_none=True)
-        torch.save({"matrices": [p.detach() for p in params], "gpt": model.state_dict()},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        results = {"matrices": [p.detach().clone() for p in params]}
+        for grad_sync in ("allreduce", "overlap"):
+            results[grad_sync], results[grad_sync + "_bytes"] = train_distributed(rank, grad_sync)
+            # gpt2: tied embedding and head, AdamW only; the hooks' buckets against the blocking path
+            results["gpt2_" + grad_sync], _ = train_distributed(rank, grad_sync, arch="gpt2")
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def test_distributed_muon_keeps_ranks_identical(tmp_path):
+def single_process_reference():
+    """The same STEPS steps on one process, each gradient the mean over the ranks' batches."""
+    model = tiny_backbone()
+    optimizers = build_optimizers(model, arch="speedrun")
+    for step in range(STEPS):
+        set_schedules(model, optimizers, step)
+        loss = sum(model(*gpt_batch(r, step)) for r in range(WORLD_SIZE)) / WORLD_SIZE
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+    return model
+
+
+def blocking_path_bytes_before_this_change(model):
+    """What the step sent before GradSync (computed from tensor sizes, per rank): one all-reduce
+    of every float32 gradient, then float32 all-gathers of Muon updates in chunks of world_size
+    same-shape matrices (a short chunk still sends a full one)."""
+    W = WORLD_SIZE
+    n_all = sum(p.numel() for p in model.parameters())
+    by_shape = collections.Counter(tuple(p.shape) for n, p in model.named_parameters()
+                                   if n.startswith("blocks.") and p.ndim == 2)
+    gathered = sum(math.ceil(count / W) * W * math.prod(shape) for shape, count in by_shape.items())
+    return 2 * (W - 1) / W * 4 * n_all + (W - 1) / W * 4 * gathered
+
+
+def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tmp_path):
     mp.spawn(distributed_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
-    for a, b in zip(results[0]["matrices"], results[1]["matrices"]):
-        assert torch.equal(a, b)
-    for name, tensor in results[0]["gpt"].items():
-        assert torch.equal(tensor, results[1]["gpt"][name]), name
-    # the same run on one process, with the rank-averaged gradients, gives the same matrices
+    # every rank holds the same weights, on both paths
+    for r in range(1, WORLD_SIZE):
+        for a, b in zip(results[0]["matrices"], results[r]["matrices"]):
+            assert torch.equal(a, b)
+        for path in ("allreduce", "overlap", "gpt2_allreduce", "gpt2_overlap"):
+            for name, tensor in results[0][path].items():
+                assert torch.equal(tensor, results[r][path][name]), (path, name)
+    # the sharded Muon on its own equals the single-process Muon on the averaged gradients
     params = matrices()
     muon = Muon(list(params), lr=0.05)
     for step in range(STEPS):
@@ -145,6 +263,23 @@ def test_distributed_muon_keeps_ranks_identical(tmp_path):
             p.grad = sum(g[i] for g in per_rank) / WORLD_SIZE
         muon.step()
     for local, distributed in zip(params, results[0]["matrices"]):
-        torch.testing.assert_close(local.detach(), distributed, rtol=1e-5, atol=1e-6)
-    # and the matrices moved
-    assert not torch.equal(results[0]["matrices"][0], matrices()[0].detach())
+        torch.testing.assert_close(local.detach(), distributed, rtol=BF16_RTOL, atol=BF16_ATOL)
+    assert not torch.equal(results[0]["matrices"][0], matrices()[0].detach())  # and they moved
+    # both GPT paths equal the single-process optimizer
+    reference = single_process_reference()
+    initial = tiny_backbone().state_dict()
+    for name, tensor in reference.state_dict().items():
+        for path in ("allreduce", "overlap"):
+            torch.testing.assert_close(results[0][path][name], tensor, rtol=BF16_RTOL, atol=BF16_ATOL,
+                                       msg=lambda m: f"{path} {name}: {m}")
+    moved = [n for n, t in reference.state_dict().items() if not torch.equal(t, initial[n])]
+    assert len(moved) > len(initial) // 2
+    # gpt2 (every gradient averaged the same way on both paths): bitwise the same weights
+    for name, tensor in results[0]["gpt2_allreduce"].items():
+        assert torch.equal(tensor, results[0]["gpt2_overlap"][name]), name
+    assert not torch.equal(results[0]["gpt2_overlap"]["wte.weight"], tiny_gpt2().state_dict()["wte.weight"])
+    # bytes: overlap (reduce-scatter fp32 + all-gather bf16 for Muon) < blocking all-reduce path
+    overlap, blocking = results[0]["overlap_bytes"], results[0]["allreduce_bytes"]
+    assert set(overlap) == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert sum(overlap.values()) < sum(blocking.values())
+    assert sum(overlap.values()) < STEPS * blocking_path_bytes_before_this_change(reference)
