@@ -13,11 +13,7 @@ docs/design.md explains the whole; --help lists every flag.
     torchrun --standalone --nproc_per_node=8 train_gpt.py --preset record
 """
 import argparse
-import atexit
-import contextlib
-import ctypes
 import dataclasses
-import glob
 import json
 import os
 import random
@@ -28,25 +24,30 @@ import time
 import numpy as np
 import torch
 
-from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_files
-from data.manifest import check_token_ids
+from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints import Geometry, HintIndex, n_kinds
-from hints.background import start_for_node
-from hints.geometry import DEFAULT_LENGTHS, TARGET_LOAD, parse_lengths
-from model import GPT, GPTConfig, allreduce_grads, autocast_context, build_optimizers, gpu_paths_enabled, lr_multiplier
+from hints.geometry import DEFAULT_LENGTHS, parse_lengths
+from model import GPT, RECORD_BACKBONE, GPTConfig, build_optimizers, gpu_paths_enabled
+from model.gpt import ATTN_BLOCK_SIZE
 from train import checkpoint
-from train.common import REPO_DIR, init_dist, new_run_id, open_log
-from train.evaluate import (ValHintCache, count_exact_val_hints, evaluate, open_val_index, read_val_tokens,
-                            val_split, validate)
+from train.common import REPO_DIR, init_dist, keep_freed_memory, new_run_id, open_log
+from train.data import open_data, repo_glob
+from train.evaluate import ValHintCache, evaluate, validate
 from train.hint_prep import HintPrep
 from train.meter import Meter
+from train.placement import pin, place_cuda_ranks
+from train.step import LLMC_STEPS, TrainStep
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_STEPS,
-                        PlanError, add_plan_args, plan_from_args)
+                        add_plan_args, plan_for_run)
+from train.val_hints import count_exact_val_hints, open_val_index, start_background
 from train.warmup import warm_up_and_undo
 
 RECORD_MAX_RANK_BATCH = 16  # sequences of 2048 per GPU (fewer GPUs: a smaller global batch)
+# The 2025-01-04 record's Muon momentum warm-up (0.85 -> 0.95 over 300 of its 1390 steps), scaled
+# to the article's 270 steps.
+RECORD_MOMENTUM_WARMUP = round(300 * RECORD_STEPS / 1390)
 RECORD_VAL_EVERY = 30  # validations are off the clock; every 30 of 270 steps finds the target within 11%
 SPEEDRUN_TARGET_VAL_LOSS = 3.28  # the speedrun's target: FineWeb val loss (first 10,485,760 tokens)
 LLMC_LENGTHS = (5, 6, 10, 20)
@@ -54,17 +55,7 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # token per slot, not the 10B of a full llm.c run: hinted runs reach the target long before (the
 # article: 28 s), and later hints are dropped, not wrong.
 LLMC_TRAIN_INDEX_GEOMETRY = "10,14,176"
-SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
-# llm.c GPT-2 124M: 700 warm-up steps of 18,865 (10B tokens at 524,288 per step), decay over the
-# whole run, gradients clipped at norm 1.0. Shorter runs scale the warm-up with their length.
-LLMC_STEPS = 18_865
-GPT2_WARMUP_FRAC = 700 / LLMC_STEPS
-GPT2_GRAD_CLIP = 1.0
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
-# CPU runs: the demo's 50k-wide logits are ~100 MB blocks that glibc maps fresh and returns on
-# every allocation (measured: ~250k page faults, ~40% of a demo step). No mmap for big blocks, no
-# trimming, a 1 GiB heap pad: 0 faults, ~25% less time per step. (mallopt's parameter numbers.)
-GLIBC_M_TRIM_THRESHOLD, GLIBC_M_TOP_PAD, GLIBC_M_MMAP_MAX = -1, -2, -4
 
 PRESETS = {
     # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, up
@@ -72,7 +63,8 @@ PRESETS = {
     # val tokens, off the clock) with hints at or below 3.28.
     "record": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048, hint_lengths=DEFAULT_LENGTHS,
                    batch_size=None, steps=RECORD_STEPS, val_tokens=SPEEDRUN_VAL_TOKENS,
-                   val_every=RECORD_VAL_EVERY, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS,
+                   val_every=RECORD_VAL_EVERY, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS, **RECORD_BACKBONE,
+                   muon_momentum_warmup=RECORD_MOMENTUM_WARMUP, grad_sync="overlap", compile_mode="regions",
                    val_batch_size=None, train_files="data/fineweb10B/fineweb_train_*.bin",
                    val_files="data/fineweb10B/fineweb_val_*.bin",
                    hint_files="data/fineweb100B/fineweb_train_*.bin",  # the article: 37B FineWeb100B tokens
@@ -82,7 +74,7 @@ PRESETS = {
     # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
     # tokens with and without hints take ~4 minutes.
     "demo": dict(arch="speedrun", n_layer=4, n_embd=256, n_head=4, seq_len=256, batch_size=2, steps=300,
-                 hint_lengths=DEFAULT_LENGTHS,
+                 hint_lengths=DEFAULT_LENGTHS, grad_sync="allreduce", compile_mode="model",
                  val_tokens=32_768, val_every=150, val_batch_size=8,
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                  hint_tokens=16_000_000,  # more than the corpus holds (~14M): the whole training split
@@ -97,7 +89,7 @@ PRESETS = {
                  train_files="data/fineweb10B/fineweb_train_*.bin", val_files="data/fineweb10B/fineweb_val_*.bin",
                  hint_files="data/fineweb100B/fineweb_train_*.bin", hint_tokens=None,
                  hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10,
-                 train_index_geometry=LLMC_TRAIN_INDEX_GEOMETRY),
+                 train_index_geometry=LLMC_TRAIN_INDEX_GEOMETRY, grad_sync="overlap", compile_mode="regions"),
 }
 PLANNED_PRESETS = ("record", "llmc")  # their background index is sized to the node by train/plan.py
 
@@ -129,6 +121,16 @@ def parse_args(argv=None):
     g.add_argument("--n-embd", type=count(2))
     g.add_argument("--n-head", type=count(1))
     g.add_argument("--vocab-size", type=count(2), default=VOCAB_SIZE, help="(tests use small ones)")
+    for flag, what in (("unet-skips", "U-net skip connections with learned weights"),
+                       ("embed-skips", "each block mixes in the embedding output x0"),
+                       ("window-attn", "sliding-window attention, masked at documents, the window growing in training")):
+        g.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, help=f"speedrun backbone: {what}")
+    g.add_argument("--value-embeds", type=count(0), help="speedrun backbone: value-embedding tables (0: none)")
+    g.add_argument("--no-attn-layers", type=lambda t: tuple(int(i) for i in t.split(",") if i),
+                   help="speedrun backbone: blocks without attention, e.g. 7 ('' for none)")
+    g.add_argument("--rope", choices=("full", "half"), help="speedrun backbone: rotary on every pair or half of them")
+    g.add_argument("--attn-block-size", type=count(1), default=ATTN_BLOCK_SIZE,
+                   help="tokens per attention block of --window-attn (the window grows in whole blocks)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=count(1), help="optimizer steps (timed)")
     g.add_argument("--warmup-steps", type=count(0), help="untimed steps run first and then undone (compile)")
@@ -136,6 +138,12 @@ def parse_args(argv=None):
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on the GPU path only)")
+    g.add_argument("--compile-mode", choices=("model", "regions"), help="compile the whole model, or each block and "
+                   "the head (regions: gradients complete block by block, so --grad-sync overlap overlaps)")
+    g.add_argument("--grad-sync", choices=("allreduce", "overlap"), help="average gradients after backward, or in "
+                   "buckets started during backward with Muon reduce-scattering its own matrices")
+    g.add_argument("--muon-momentum-warmup", type=count(0), help="steps over which Muon's momentum rises from "
+                   "0.85 to 0.95 (0: constant 0.95)")
     g = p.add_argument_group("hints")
     g.add_argument("--no-hints", action="store_true", help="train without hints (ablation)")
     g.add_argument("--hint-lengths", type=parse_lengths, help="n-gram lengths, e.g. 6,10,20")
@@ -170,68 +178,29 @@ def parse_args(argv=None):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.train_index_geometry = args.train_index_geometry or "auto"
+    for key, default in (("unet_skips", False), ("embed_skips", False), ("window_attn", False), ("value_embeds", 0),
+                         ("no_attn_layers", ()), ("rope", "full"), ("muon_momentum_warmup", 0)):
+        if getattr(args, key) is None:  # the Nov 2024 backbone unless the preset or a flag says otherwise
+            setattr(args, key, default)
     if args.arch == "gpt2" and not n_head_given and args.n_embd % (2 * GPT2_HEADS) == 0:
         args.n_head = GPT2_HEADS
+    if args.window_attn and args.seq_len % args.attn_block_size:
+        p.error(f"argument --window-attn: --seq-len {args.seq_len} must be a multiple of --attn-block-size "
+                f"{args.attn_block_size}")
     if args.bg_wait < 0:
         p.error(f"argument --bg-wait: {args.bg_wait}: expected seconds >= 0")
     return args
 
 
-def repo_glob(pattern):
-    """A glob as given when it matches from here, else relative to the repo (run.sh's presets)."""
-    return pattern if os.path.isabs(pattern) or glob.glob(pattern) else os.path.join(REPO_DIR, pattern)
-
-
-def open_data(args, d, log):
-    """(train files, val files, loader, val tokens), every shard checked before step 1: complete
-    manifests and token ids < --vocab-size. Bad data ends the run here, in one line naming the file."""
-    if args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"]:
-        if d.local_rank == 0:  # the local demo corpus: built on first use, rebuilt when partial
-            from data.local_corpus import build_local_corpus
-            if not build_local_corpus(progress=d.master)["reused"]:
-                log("demo: built the local corpus from Python's standard library")
-        d.barrier()
-    train_files, val_files = repo_glob(args.train_files), repo_glob(args.val_files)
-    try:
-        for files in (train_files, val_files):
-            check_token_ids(files, args.vocab_size)
-        loader = DistributedDataLoader(train_files, args.batch_size, args.seq_len, rank=d.rank,
-                                       world_size=d.world_size, log=log if d.master else None)
-        val_tokens = read_val_tokens(val_files, args.val_tokens)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}") from None
-    _, n_val_seq, _ = val_split(len(val_tokens), args.seq_len, args.val_batch_size, 0, d.world_size)
-    if n_val_seq == 0:
-        raise SystemExit(f"error: --val-files {val_files}: {len(val_tokens):,} val tokens make no sequence of "
-                         f"{args.seq_len} + 1 per rank ({d.world_size} ranks); give more --val-tokens or val files")
-    log(f"data: train {train_files} ({loader.stream.total:,} tokens), val {val_files} "
-        f"({n_val_seq * args.seq_len * d.world_size:,} tokens scored)")
-    return train_files, val_files, loader, val_tokens
-
-
-def run_settings(args, cfg, geom, train_files):
-    """What a resumed run must share with the saved one."""
-    return dict(model_config=dataclasses.asdict(cfg), hint_lengths=list(args.hint_lengths),
-                train_index_geometry=geom.to_dict() if geom else None, seq_len=args.seq_len, batch_size=args.batch_size,
-                steps=args.steps, train_shards=checkpoint.shard_fingerprints(resolve_files(train_files)))
-
-
 def main(argv=None):
     args = parse_args(argv)
-    plan = None
+    hint_files = repo_glob(args.hint_files or args.train_files)
+    plan = None  # the background index sized to this node (or --node-*), before any GPU, data or allocation
     if args.plan or (args.preset in PLANNED_PRESETS and args.val_hints == "background" and args.hint_tokens != 0):
-        # the background index sized to this node (or --node-*), before any GPU, data or allocation
-        try:
-            train_geom = Geometry.parse(args.train_index_geometry, args.steps * RECORD_GLOBAL_BATCH_TOKENS,
-                                        args.hint_lengths)
-            plan = plan_from_args(args, repo_glob(args.hint_files or args.train_files), FINEWEB100B_TRAIN_TOKENS,
-                                  args.hint_workers, int(train_geom.n_slots * TARGET_LOAD), index_in_memfd=True,
-                                  default_tokens=FINEWEB100B_TRAIN_TOKENS if args.preset == "llmc" else None)
-        except PlanError as e:
-            raise SystemExit(f"error: {e}") from None
+        plan = plan_for_run(args, hint_files, train_tokens=args.steps * RECORD_GLOBAL_BATCH_TOKENS,
+                            default_tokens=FINEWEB100B_TRAIN_TOKENS if args.preset == "llmc" else None)
         if args.plan:
-            print(plan.to_json())
-            return
+            return print(plan.to_json())
         args.hint_tokens = plan.hint_tokens
     args.hint_tokens = args.hint_tokens or 0
     d = init_dist()
@@ -250,72 +219,64 @@ def main(argv=None):
     args.val_batch_size = args.val_batch_size or args.batch_size
     B, T, total = args.batch_size, args.seq_len, args.steps
     global_batch = d.world_size * B * T
-    train_files, val_files, loader, val_tokens = open_data(args, d, log)
+    train_files, val_files, loader, val_tokens = open_data(
+        args, d, log, local_corpus=args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"])
 
     # -- model and optimizers --------------------------------------------------------------------
     torch.manual_seed(args.seed), np.random.seed(args.seed), random.seed(args.seed)
     lengths = args.hint_lengths
+    speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
+                    window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
+                    attn_block_size=args.attn_block_size)
     cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                    arch=args.arch, max_seq_len=T, n_hint_lengths=len(lengths), n_hint_kinds=n_kinds(len(lengths)))
+                    arch=args.arch, max_seq_len=T, n_hint_lengths=len(lengths), n_hint_kinds=n_kinds(len(lengths)),
+                    **(speedrun if args.arch == "speedrun" else {}))
     model = GPT(cfg).to(d.device)
-    optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size)
+    optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
+                                  grad_sync=args.grad_sync)
     compile_model = gpu_paths_enabled() if args.compile is None else args.compile
-    train_model = torch.compile(model, dynamic=False) if compile_model else model
-    gpt2 = args.arch == "gpt2"
-    lr_warmup, cooldown = (round(GPT2_WARMUP_FRAC * total), 1.0) if gpt2 else (0, SPEEDRUN_COOLDOWN_FRAC)
+    if compile_model and args.compile_mode == "regions":
+        train_model = model.compile_regions()
+    else:
+        train_model = torch.compile(model, dynamic=False) if compile_model else model
+    train_step = TrainStep(model, train_model, optimizers, total=total, grad_sync=args.grad_sync,
+                           muon_warmup=args.muon_momentum_warmup, device=d.device)
     log(f"model: {args.arch} {cfg.n_layer} layers x {cfg.n_embd} wide, {cfg.n_head} heads, seq_len {T}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, compile {'on' if compile_model else 'off'}")
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, backbone features "
+        f"{cfg.speedrun_features() or 'none'}, compile {args.compile_mode if compile_model else 'off'}")
     log(f"training: {total} steps x {global_batch:,} tokens ({d.world_size} x {B} x {T}) = "
-        f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale} (warm-up {lr_warmup}, cool-down {cooldown:.0%})")
+        f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale}, {train_step.describe()}")
 
     # -- hint indexes ------------------------------------------------------------------------------
     geom = None if args.no_hints else Geometry.parse(args.train_index_geometry, total * global_batch, lengths)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
     log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
     val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
-    background, exact = None, None
+    background, exact, builder_cpus = None, None, None
     with_background = args.val_hints == "background" and args.hint_tokens > 0
+    if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
+        placement = place_cuda_ranks(d.local_world_size, 1 + args.hint_workers)
+        pin(placement.rank_cpus[d.local_rank])
+        builder_cpus = list(placement.builder_cpus) or None
+        log(f"placement: rank cpus {list(placement.rank_cpus)}, builder cpus {builder_cpus} {list(placement.notes)}")
     if with_background:
-        # the node's training ranks keep a core each for the loop and hint_workers for their prep thread
         bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
                                               if args.hint_geometry else None)
-        background = start_for_node(repo_glob(args.hint_files or args.train_files), args.hint_tokens, lengths,
-                                    f"nghints-{run_id}-n{d.node}", owner=d.local_rank == 0, barrier=d.barrier,
-                                    log=log, reserve_cpus=d.local_world_size * (1 + args.hint_workers),
-                                    geometry=bg_geom)
-        if background is not None:
-            atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
+        background = start_background(hint_files, args.hint_tokens, lengths, bg_geom, run_id, d, args.hint_workers,
+                                      builder_cpus, log)
     elif args.val_hints != "background":
-        exact = count_exact_val_hints(args.val_hints, val_tokens, repo_glob(args.hint_files or args.train_files),
-                                      args.hint_tokens, lengths, seq_len=T,
+        exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
                                       batch_size=args.val_batch_size, dist=d, log=log)
 
     # -- resume ------------------------------------------------------------------------------------
     start_step, tail, saved = 0, None, {}
-    settings = run_settings(args, cfg, geom, train_files)
+    settings = checkpoint.run_settings(args, cfg, geom, train_files)
     if args.resume:
         start_step, index, tail, saved = checkpoint.restore_run(
             args.resume, d, settings=settings, model=model, optimizers=optimizers, loader=loader, index=index,
             global_batch=global_batch, hint_workers=args.hint_workers)
         log(f"resumed from {args.resume} at step {start_step} (training index {index.tokens_added if index else 0:,} tokens)")
 
-    def train_step(item, step):
-        x, y = item.x.to(d.device, non_blocking=True), item.y.to(d.device, non_blocking=True)
-        ht = item.hint_tokens.to(d.device, non_blocking=True) if item.hint_tokens is not None else None
-        hk = item.hint_kinds.to(d.device, non_blocking=True) if item.hint_kinds is not None else None
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * lr_multiplier(step, total, lr_warmup, cooldown)
-        with autocast_context(d.device):
-            loss = train_model(x, y, ht, hk)
-        loss.backward()
-        allreduce_grads(model)
-        if gpt2:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GPT2_GRAD_CLIP)
-        for opt in optimizers:
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        return loss.detach()
 
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
@@ -393,15 +354,6 @@ def main(argv=None):
     log.close()
     d.close()
     return summary
-
-
-def keep_freed_memory():
-    """CPU runs: keep large freed blocks in the heap (see GLIBC_M_MMAP_MAX); glibc only."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(GLIBC_M_MMAP_MAX, 0)
-        libc.mallopt(GLIBC_M_TRIM_THRESHOLD, 1 << 40)
-        libc.mallopt(GLIBC_M_TOP_PAD, 1 << 30)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import torch
 from data.loader import Batch, DistributedDataLoader
 from data.shards import write_shard
 from hints import Geometry, HintIndex
-from train.evaluate import ValHintCache, pick_val_index, val_split
+from train.evaluate import ValHintCache, val_split
+from train.val_hints import pick_val_index
 from train.hint_prep import HintPrep
 
 GEOM = Geometry(2, 8, 32, (6, 10, 20))  # 4 x 256 x 32 slots: ample for a few thousand tokens

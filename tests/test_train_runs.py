@@ -19,7 +19,7 @@ from data.loader import iter_tokens
 from data.local_corpus import build_local_corpus, stdlib_dir
 from data.manifest import write_manifest
 from data.shards import write_shard
-from hints import Geometry, HintIndex
+from hints import Geometry, HintIndex, n_kinds
 from hints.background import SHM_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,3 +270,32 @@ def test_exact_val_hints_and_val_index_mismatch(corpus, tmp_path):
     path = idx.save(str(tmp_path / "other.hints"))
     p = run(tiny_args(corpus, tmp_path, "--steps", "1", "--val-index", path), check=False)
     assert p.returncode == 1 and "--val-index" in p.stderr and "lengths (4, 8)" in p.stderr
+
+
+def test_target_stops_the_run_and_reports_time_to_target(corpus, tmp_path):
+    """--target-val-loss: the run stops at the first validation with hints at or below it and
+    reports the training time there; here with the later-record backbone flags on."""
+    s = train(tiny_args(corpus, tmp_path, "--steps", "8", "--batch-size", "2", "--val-every", "2",
+                        "--target-val-loss", "99", "--unet-skips", "--embed-skips", "--value-embeds", "1",
+                        "--window-attn", "--attn-block-size", "16", "--rope", "half", "--muon-momentum-warmup", "4",
+                        "--grad-sync", "overlap", "--summary-json", str(tmp_path / "s.json")))
+    assert s["target_reached"] and s["steps_to_target"] == 2 and s["steps"] == 2
+    assert s["tokens_to_target"] == 2 * 128 == s["train_tokens"] and s["hint_tokens_train"] == 2 * 128
+    assert 0 < s["time_to_target_s"] == s["val_history"][0]["train_s"]
+    assert [step for step, _ in s["train_losses"]] == [1, 2]
+
+
+def test_llmc_preset_runs_four_lengths_end_to_end(corpus, tmp_path):
+    """--preset llmc at demo width: the gpt2 arch with hints of four lengths (index, kinds, model,
+    validation on the planned background index); its 3.28 target is not reached, and it says so."""
+    s = train(["--preset", "llmc", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
+               "--hint-files", str(corpus / "train_*.bin"), "--vocab-size", str(VOCAB), "--n-layer", "2",
+               "--n-embd", "48", "--n-head", "2", "--seq-len", "64", "--batch-size", "2", "--steps", "4",
+               "--val-every", "2", "--val-tokens", "2048", "--val-batch-size", "4", "--warmup-steps", "0",
+               "--hint-tokens", "50000", "--bg-wait", "60", "--node-rank-ram", "1GiB", "--train-index-geometry", "tiny",
+               "--log-dir", str(tmp_path / "logs"), "--summary-json", str(tmp_path / "s.json")])
+    assert s["arch"] == "gpt2" and s["hint_lengths"] == [5, 6, 10, 20] and s["hint_kinds"] == n_kinds(4)
+    assert s["plan"]["geometry"]["lengths"] == [5, 6, 10, 20] and s["val_index"] == "background"
+    assert s["hint_tokens_val"] == 50_000 and np.isfinite(s["val_loss_hints"])
+    assert s["target_val_loss"] == 3.28 and not s["target_reached"] and s["time_to_target_s"] is None
+    assert s["steps"] == 4

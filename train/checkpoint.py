@@ -25,6 +25,7 @@ import random
 import numpy as np
 import torch
 
+from data.loader import resolve_files
 from hints import HintIndex
 
 FORMAT = 2  # 2: manifest + weights_only contents (1 pickled NumPy arrays and needed weights_only=False)
@@ -257,3 +258,10 @@ def restore_run(path, d, *, settings, model, optimizers, loader, index, global_b
         tail = main["hint_tail"].numpy().astype(np.uint16)
     set_rng_state(mine["rng"])
     return main["step"], index, tail, main["progress"]
+
+
+def run_settings(args, cfg, geom, train_files):
+    """What a resumed run must share with the saved one (check_settings compares them)."""
+    return dict(model_config=dataclasses.asdict(cfg), hint_lengths=list(args.hint_lengths),
+                train_index_geometry=geom.to_dict() if geom else None, seq_len=args.seq_len, batch_size=args.batch_size,
+                steps=args.steps, train_shards=shard_fingerprints(resolve_files(train_files)))

@@ -169,6 +169,17 @@ def gpu_numa_node(address: str, sys_root: str = SYS_ROOT):
     return node if node >= 0 else None
 
 
+def place_cuda_ranks(local_world_size: int, threads_per_rank: int) -> Placement:
+    """The placement of this node's training ranks, local rank r on GPU r, from /sys and each
+    GPU's PCI address (torch.cuda.get_device_properties); unknown NUMA nodes place anywhere."""
+    import torch
+    nodes = []
+    for r in range(local_world_size):
+        p = torch.cuda.get_device_properties(r)
+        nodes.append(gpu_numa_node(pci_address(p.pci_domain_id, p.pci_bus_id, p.pci_device_id)))
+    return plan_placement(read_topology(), nodes, threads_per_rank)
+
+
 def pin(cpus) -> None:
     """Pin the calling thread (and the threads it starts later) to `cpus`."""
     os.sched_setaffinity(0, cpus)

@@ -30,7 +30,7 @@ from data.download import VARIANTS
 from data.shards import shard_token_count
 from data.loader import CHUNK_TOKENS as BUILDER_CHUNK_TOKENS
 from data.units import human_tokens, parse_token_count
-from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, SLOT_BYTES, Geometry, _human,
+from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, SLOT_BYTES, TARGET_LOAD, Geometry, _human,
                             available_memory_bytes, parse_lengths)
 from hints.index import STAGE_BLOCK, default_chunk_tokens
 from hints.kernels import BURST
@@ -381,6 +381,18 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
     return plan_record(n_ranks=ranks, lengths=lengths, requested_tokens=getattr(args, "hint_tokens", None),
                        requested_geometry=getattr(args, "hint_geometry", None), hint_workers=hint_workers,
                        train_tokens=train_tokens, **kw)
+
+
+def plan_for_run(args, hint_files, train_tokens, default_tokens=None):
+    """The trainer's plan (--plan, and the record and llmc presets): plan_from_args for an index in
+    memfd, with each rank's training-time index as --train-index-geometry makes it. A plan that
+    cannot fit ends the run with one line naming the flag."""
+    train_geom = Geometry.parse(args.train_index_geometry, train_tokens, args.hint_lengths)
+    try:
+        return plan_from_args(args, hint_files, FINEWEB100B_TRAIN_TOKENS, args.hint_workers,
+                              int(train_geom.n_slots * TARGET_LOAD), index_in_memfd=True, default_tokens=default_tokens)
+    except PlanError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def main(argv=None):

@@ -1,0 +1,44 @@
+"""The run's data: shard globs resolved against the repo, every shard checked before step 1
+(complete manifests, token ids below the vocabulary), the training loader and the val tokens."""
+import glob
+import os
+
+from data.loader import DistributedDataLoader
+from data.manifest import check_token_ids
+from train.common import REPO_DIR
+from train.evaluate import read_val_tokens, val_split
+
+
+def repo_glob(pattern):
+    """A glob as given when it matches from here, else relative to the repo (run.sh's presets)."""
+    return pattern if os.path.isabs(pattern) or glob.glob(pattern) else os.path.join(REPO_DIR, pattern)
+
+
+def open_data(args, d, log, local_corpus=False):
+    """(train files, val files, loader, val tokens), every shard checked before step 1: complete
+    manifests and token ids < --vocab-size. Bad data ends the run here, in one line naming the file.
+    local_corpus: the files are the demo's local corpus, built here on first use."""
+    if local_corpus:
+        if d.local_rank == 0:  # the local demo corpus: built on first use, rebuilt when partial
+            from data.local_corpus import build_local_corpus
+            if not build_local_corpus(progress=d.master)["reused"]:
+                log("demo: built the local corpus from Python's standard library")
+        d.barrier()
+    train_files, val_files = repo_glob(args.train_files), repo_glob(args.val_files)
+    try:
+        for files in (train_files, val_files):
+            check_token_ids(files, args.vocab_size)
+        loader = DistributedDataLoader(train_files, args.batch_size, args.seq_len, rank=d.rank,
+                                       world_size=d.world_size, log=log if d.master else None)
+        val_tokens = read_val_tokens(val_files, args.val_tokens)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    _, n_val_seq, _ = val_split(len(val_tokens), args.seq_len, args.val_batch_size, 0, d.world_size)
+    if n_val_seq == 0:
+        raise SystemExit(f"error: --val-files {val_files}: {len(val_tokens):,} val tokens make no sequence of "
+                         f"{args.seq_len} + 1 per rank ({d.world_size} ranks); give more --val-tokens or val files")
+    log(f"data: train {train_files} ({loader.stream.total:,} tokens), val {val_files} "
+        f"({n_val_seq * args.seq_len * d.world_size:,} tokens scored)")
+    return train_files, val_files, loader, val_tokens
+
+

@@ -1,0 +1,59 @@
+"""One optimizer step of a run: the schedules (learning rate, Muon momentum, attention window),
+forward and backward, gradient averaging across ranks, clipping, the optimizers.
+
+Gradients are averaged one of two ways (`--grad-sync`): "allreduce" reduces them all after
+backward; "overlap" (model/grad_sync.py) reduces them in buckets started while backward runs,
+and Muon reduce-scatters its own matrices. The schedules follow the arch's recipe: speedrun
+(modded-nanogpt) holds the learning rate, then cools it down linearly over the last 40%; gpt2
+(llm.c) warms up over 700 of 18,865 steps (scaled to the run's length), then decays it over
+the whole run and clips gradients at norm 1.0.
+"""
+import torch
+
+from model import (GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context, lr_multiplier,
+                   muon_momentum)
+
+SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
+LLMC_STEPS = 18_865           # llm.c GPT-2 124M: 10B tokens at 524,288 per step
+GPT2_WARMUP_FRAC = 700 / LLMC_STEPS
+GPT2_GRAD_CLIP = 1.0
+
+
+class TrainStep:
+    """`step(item, i)`: train on one prepared batch (train/hint_prep.py's Prepared) as step i of
+    `total`; returns the loss as a device tensor (read later, so the step does not sync)."""
+
+    def __init__(self, model, train_model, optimizers, *, total, grad_sync, muon_warmup, device):
+        self.model, self.train_model, self.optimizers, self.device = model, train_model, optimizers, device
+        self.total, self.muon_warmup = total, muon_warmup
+        self.sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
+        self.gpt2 = model.cfg.arch == "gpt2"
+        self.lr_warmup, self.cooldown = (round(GPT2_WARMUP_FRAC * total), 1.0) if self.gpt2 else (0, SPEEDRUN_COOLDOWN_FRAC)
+
+    def describe(self):
+        return (f"lr warm-up {self.lr_warmup} steps, cool-down {self.cooldown:.0%}, Muon momentum warm-up "
+                f"{self.muon_warmup} steps, grad sync {'overlap' if self.sync else 'allreduce'}")
+
+    def set_schedules(self, step):
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * lr_multiplier(step, self.total, self.lr_warmup, self.cooldown)
+                if isinstance(opt, Muon):
+                    group["momentum"] = muon_momentum(step, self.muon_warmup)
+        cfg = self.model.cfg
+        if cfg.window_attn:
+            self.model.set_window_blocks(attention_window_blocks(step, self.total, cfg.attn_block_size))
+
+    def __call__(self, item, step):
+        to = lambda t: t.to(self.device, non_blocking=True) if t is not None else None  # noqa: E731
+        self.set_schedules(step)
+        with autocast_context(self.device):
+            loss = self.train_model(to(item.x), to(item.y), to(item.hint_tokens), to(item.hint_kinds))
+        loss.backward()
+        self.sync.wait() if self.sync else allreduce_grads(self.model)
+        if self.gpt2:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), GPT2_GRAD_CLIP)
+        for opt in self.optimizers:
+            opt.step()
+        self.sync.zero_grad() if self.sync else self.model.zero_grad(set_to_none=True)
+        return loss.detach()

@@ -1,0 +1,142 @@
+"""Where validation hints come from, and the same choice on every rank.
+
+The node's background index (hints/background.py: built from training shards in its own
+process on the cores the ranks leave free, started by `start_background`); a saved index
+(`--val-index`, `open_val_index`); or exact counts of the val n-grams in the training tokens
+(`--val-hints exact|exact-gpu`, `count_exact_val_hints`). `pick_val_index` chooses among the
+indexes and says why: the background index when it is ready on every rank, else --val-index,
+else the training-time index.
+"""
+import time
+from typing import NamedTuple
+
+from data.loader import iter_tokens
+from hints import HintIndex
+from hints.background import start_for_node
+from train.placement import lower_priority
+
+class ValSource(NamedTuple):
+    """The index a validation uses: kind is 'background', 'val-index', 'training' or None."""
+
+    kind: str | None
+    reason: str
+
+
+def pick_val_index(background_ready, background_state, have_val_index, have_training_index):
+    """Which index validates, the same choice on every rank, and why.
+
+    background_ready: one flag per rank (empty when the run builds no background index); the
+    background index is used only when it is ready on every rank (the all-ranks minimum), since
+    ranks that validated with different indexes would average incomparable losses.
+    background_state: what the background builder says of itself (for the reason).
+    """
+    if background_ready and all(background_ready):
+        return ValSource("background", "the background index is ready on every rank")
+    if not background_ready:
+        why = "no background index in this run"
+    elif any(background_ready):
+        why = f"the background index is not ready on every rank ({sum(background_ready)} of {len(background_ready)})"
+    else:
+        why = f"the background index is not ready ({background_state})"
+    if have_val_index:
+        return ValSource("val-index", f"{why}: using --val-index")
+    if have_training_index:
+        return ValSource("training", f"{why}: using the training-time index")
+    return ValSource(None, f"{why}, no --val-index and no training index: no hinted loss")
+
+
+# Lookup threads per rank for a saved or background index (the index releases the GIL).
+VAL_LOOKUP_WORKERS = 4
+
+
+# The article's open rules question about exact validation hints, logged with every run that uses them.
+EXACT_RULES_NOTE = ("rules question (the article's): may counting the validation n-grams in the training tokens "
+                    "run inside the timed region, as backward passes on it do? The 3.1 s estimate assumes yes; "
+                    "this run counts them outside it")
+
+
+def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log):
+    """Exact validation hints (`--val-hints exact|exact-gpu`): this rank's share of the val
+    positions, counted in the first max_tokens training tokens by hints.exact (torch on any
+    device, or the Triton kernels on CUDA), before the clock starts."""
+    from hints.exact import exact_val_hints
+    if mode == "exact-gpu" and not dist.cuda:
+        raise SystemExit(f"error: --val-hints exact-gpu needs a CUDA device; this run is on {dist.device} "
+                         f"(use --val-hints exact)")
+    if max_tokens <= 0:
+        raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
+                         f"give --hint-tokens > 0")
+    from train.evaluate import val_split
+    first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
+    exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
+                            backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
+                            start=first * seq_len, stop=(first + n_seq) * seq_len)
+    log(f"val hints: {exact.describe()}, outside the timed region")
+    log(EXACT_RULES_NOTE)
+    return exact
+
+
+def open_val_index(path, lengths, log):
+    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the model's lengths."""
+    try:
+        idx = HintIndex.load(path, mmap=True, workers=VAL_LOOKUP_WORKERS)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: --val-index {path}: {e}") from None
+    if idx.geom.lengths != tuple(lengths):
+        raise SystemExit(f"error: --val-index {path}: built with n-gram lengths {idx.geom.lengths}, "
+                         f"the model's --hint-lengths are {tuple(lengths)}")
+    log(f"--val-index {path}: {idx.tokens_added:,} tokens, {idx.geom.describe()}")
+    return idx
+
+
+def wait_for_background(background, bg_wait, dist, log):
+    """At the final validation: wait up to bg_wait seconds while the build runs; the seconds
+    waited, the same on every rank. Rank 0 decides when to stop waiting and tells the others, so
+    a builder that died before its first status write (which only the owner sees) costs no rank
+    the whole wait."""
+    waited = 0.0
+    if dist.master and background is not None and background.status()["state"] in ("starting", "running"):
+        log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()}); "
+            f"the wait counts as training time")
+        t0 = time.perf_counter()
+        background.wait(bg_wait)
+        waited = time.perf_counter() - t0
+    return dist.broadcast(waited)
+
+
+def pick_index(with_background, background, val_index, train_index, dist):
+    """(ValSource, index) for a validation, the same on every rank: pick_val_index over every
+    rank's readiness, and a background index that fails to open on any rank falls back on all."""
+    have = (val_index is not None, train_index is not None)
+    ready = dist.gather(background is not None and background.ready()) if with_background else []
+    source = pick_val_index(ready, background.describe() if background is not None else "failed to start", *have)
+    index = None
+    if source.kind == "background":
+        error = None
+        try:
+            index = background.open(workers=VAL_LOOKUP_WORKERS)
+        except Exception as e:  # noqa: BLE001 - reported; the same fallback as a builder not ready
+            error = f"{type(e).__name__}: {e}"
+        errors = [e for e in dist.gather(error) if e]
+        if errors:
+            index, source = None, pick_val_index([False], f"open failed: {errors[0]}", *have)
+    if source.kind != "background":
+        index = {"val-index": val_index, "training": train_index}.get(source.kind)
+    return source, index
+
+
+
+
+def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, hint_workers, cpus, log):
+    """The node's background index: local rank 0 starts the builder (on `cpus`, else all but the
+    cores the ranks keep: one for the loop and hint_workers for the prep thread each), at a lower
+    priority than the ranks; the other local ranks attach. None where it could not start."""
+    import atexit
+    background = start_for_node(hint_files, hint_tokens, lengths, f"nghints-{run_id}-n{dist.node}",
+                                owner=dist.local_rank == 0, barrier=dist.barrier, log=log,
+                                reserve_cpus=dist.local_world_size * (1 + hint_workers), geometry=geometry, cpus=cpus)
+    if background is not None:
+        atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
+        if background.process is not None:
+            lower_priority(background.process.pid)  # training ranks first where cores are shared
+    return background
