@@ -3,6 +3,9 @@ train -> train_gpt.py), `hints/` imports no torch, `model/` imports neither `hin
 nothing imports the entry point, no file edits sys.path, and nothing points outside the repo for
 its design."""
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,16 @@ def test_the_design_is_cited_inside_the_repo():
         # the design the repo cites is its own docs/design.md (DESIGN.md was a file outside the repo)
         assert "DESIGN.md" not in text, f"{path.relative_to(REPO)} cites DESIGN.md, which the repo does not hold"
         assert "shared/" not in text, f"{path.relative_to(REPO)} points outside the repo"
+
+
+COMMANDS = [["train_gpt.py"], ["-m", "hints"], ["-m", "hints", "build"], ["-m", "train.plan"], ["-m", "train.placement"],
+            ["-m", "data.manifest"], ["-m", "data.local_corpus"], ["-m", "data.fineweb"], ["-m", "data.cached_fineweb10B"],
+            ["scripts/ablate.py"], ["scripts/compare.py"], ["scripts/cpu_ab.py"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help(command):
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # the checkout's packages, installed or not
+    p = subprocess.run([sys.executable, *command, "--help"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "usage:" in p.stdout, p.stderr[-2000:]

@@ -340,7 +340,7 @@ def add_plan_args(parser, plan_flag=True):
     g.add_argument("--node-ranks", type=int, help="training ranks on that node (default: $LOCAL_WORLD_SIZE, "
                    f"else {RECORD_RANKS} when --node-* describes another node, else 1)")
     g.add_argument("--node-shm", type=size_arg("--node-shm"),
-                   help=f"free /dev/shm of that node (default: this machine's, or {TMPFS_DEFAULT_FRACTION:.0%} of --node-ram)")
+                   help=f"free /dev/shm of that node (default: this machine's, or {round(TMPFS_DEFAULT_FRACTION * 100)}%% of --node-ram)")
     g.add_argument("--hint-shm-dir", help="another tmpfs directory for the index when /dev/shm is too small")
     g.add_argument("--node-rank-ram", type=size_arg("--node-rank-ram"),
                    help=f"host memory each training rank needs besides its training index (default "
