@@ -228,9 +228,12 @@ def main(argv=None):
     speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
                     window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
                     attn_block_size=args.attn_block_size)
-    cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                    arch=args.arch, max_seq_len=T, n_hint_lengths=len(lengths), n_hint_kinds=n_kinds(len(lengths)),
-                    **(speedrun if args.arch == "speedrun" else {}))
+    try:
+        cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                        arch=args.arch, max_seq_len=T, n_hint_lengths=len(lengths), n_hint_kinds=n_kinds(len(lengths)),
+                        **(speedrun if args.arch == "speedrun" else {}))
+    except ValueError as e:  # a model shape or feature set the flags cannot make
+        raise SystemExit(f"error: model: {e}") from None
     model = GPT(cfg).to(d.device)
     optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
                                   grad_sync=args.grad_sync)

@@ -137,6 +137,7 @@ def rehearse(corpus, tmp_path, *extra, kill_builder=False, timeout=RUN_TIMEOUT_S
            "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2",
            "--seq-len", str(SEQ_LEN), "--batch-size", "1", "--steps", str(STEPS), "--val-tokens", "4096",
            "--hint-tokens", str(HINT_TOKENS), "--hint-workers", "1", "--node-rank-ram", "1GiB",
+           "--attn-block-size", "16", "--value-embeds", "1", "--no-attn-layers", "",  # the record backbone at 2 layers
            "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
