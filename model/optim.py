@@ -15,6 +15,8 @@ Gradient averaging, two ways (build_optimizers(grad_sync=...) must match the one
               (the path before GradSync, kept for A/B runs); Muon gets identical gradients on
               every rank and only splits the orthogonalisation (shard_grads=False).
 """
+import math
+
 import torch
 
 from model.collectives import all_reduce_mean, is_distributed
@@ -114,20 +116,26 @@ def allreduce_grads(model) -> None:
             g.copy_(reduced.view_as(g))
 
 
-def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, cooldown_frac: float = 0.0) -> float:
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, cooldown_frac: float = 0.0,
+                  shape: str = "linear") -> float:
     """Multiplier on each group's initial_lr at `step` (0-based).
 
-    Linear warmup over warmup_steps, then constant, then linear decay to 0 at total_steps over
-    the last cooldown_frac of total_steps (never starting before warmup ends).
-      speedrun: warmup_steps=0, cooldown_frac ~0.4 (modded-nanogpt: constant, then cool down)
-      gpt2:     warmup_steps=700 (llm.c), cooldown_frac=1.0 (decay over the whole run)
+    Linear warmup over warmup_steps, then constant, then a decay to 0 at total_steps over the
+    last cooldown_frac of total_steps (never starting before warmup ends), linear or cosine.
+      speedrun: warmup_steps=0, cooldown_frac ~0.4, linear (modded-nanogpt: constant, then cool down)
+      gpt2:     warmup_steps=700, cooldown_frac=1.0, cosine (llm.c: cosine decay over the whole run)
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     cooldown_start = max(warmup_steps, total_steps * (1.0 - cooldown_frac))
     if step < cooldown_start:
         return 1.0
-    return max(total_steps - step, 0) / max(total_steps - cooldown_start, 1)
+    left = max(total_steps - step, 0) / max(total_steps - cooldown_start, 1)  # 1 -> 0 over the decay
+    if shape == "cosine":
+        return 0.5 * (1.0 - math.cos(math.pi * left))
+    if shape != "linear":
+        raise ValueError(f"lr shape must be 'linear' or 'cosine', got {shape!r}")
+    return left
 
 
 def muon_momentum(step: int, warmup_steps: int = MUON_MOMENTUM_WARMUP_STEPS,

@@ -76,6 +76,10 @@ def test_lr_multiplier():
     assert [lr_multiplier(s, 100, 0, 0.4) for s in (0, 59, 60, 80, 100)] == [1.0, 1.0, 1.0, 0.5, 0.0]
     assert lr_multiplier(0, 100, warmup_steps=10, cooldown_frac=1.0) == 0.1
     assert lr_multiplier(9, 100, warmup_steps=10, cooldown_frac=1.0) == 1.0
+    # llm.c's cosine decay: a quarter of the way down it is cos^2(pi/8), not the linear 0.75
+    assert lr_multiplier(25, 100, cooldown_frac=1.0, shape="cosine") == pytest.approx(math.cos(math.pi / 8) ** 2)
+    assert lr_multiplier(50, 100, cooldown_frac=1.0, shape="cosine") == pytest.approx(0.5)
+    assert lr_multiplier(100, 100, cooldown_frac=1.0, shape="cosine") == 0.0
     assert lr_multiplier(55, 100, warmup_steps=10, cooldown_frac=1.0) == 0.5
     assert lr_multiplier(99, 100) == 1.0
 

@@ -5,8 +5,8 @@ Gradients are averaged one of two ways (`--grad-sync`): "allreduce" reduces them
 backward; "overlap" (model/grad_sync.py) reduces them in buckets started while backward runs,
 and Muon reduce-scatters its own matrices. The schedules follow the arch's recipe: speedrun
 (modded-nanogpt) holds the learning rate, then cools it down linearly over the last 40%; gpt2
-(llm.c) warms up over 700 of 18,865 steps (scaled to the run's length), then decays it over
-the whole run and clips gradients at norm 1.0.
+(llm.c) warms up over 700 of 18,865 steps (scaled to the run's length), then decays it to 0
+along a cosine over the whole run and clips gradients at norm 1.0.
 """
 import torch
 
@@ -29,15 +29,17 @@ class TrainStep:
         self.sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
         self.gpt2 = model.cfg.arch == "gpt2"
         self.lr_warmup, self.cooldown = (round(GPT2_WARMUP_FRAC * total), 1.0) if self.gpt2 else (0, SPEEDRUN_COOLDOWN_FRAC)
+        self.lr_shape = "cosine" if self.gpt2 else "linear"
 
     def describe(self):
-        return (f"lr warm-up {self.lr_warmup} steps, cool-down {self.cooldown:.0%}, Muon momentum warm-up "
+        return (f"lr warm-up {self.lr_warmup} steps, {self.lr_shape} decay over {self.cooldown:.0%}, Muon momentum warm-up "
                 f"{self.muon_warmup} steps, grad sync {'overlap' if self.sync else 'allreduce'}")
 
     def set_schedules(self, step):
         for opt in self.optimizers:
             for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * lr_multiplier(step, self.total, self.lr_warmup, self.cooldown)
+                group["lr"] = group["initial_lr"] * lr_multiplier(step, self.total, self.lr_warmup, self.cooldown,
+                                                                         self.lr_shape)
                 if isinstance(opt, Muon):
                     group["momentum"] = muon_momentum(step, self.muon_warmup)
         cfg = self.model.cfg
