@@ -175,7 +175,7 @@ def main(argv=None):
                        "count (torch on CPU; Triton: interpreter for correctness, GPU when present)")
     common(p, tokens_required=False)
     p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
-    p.add_argument("--query-tokens", type=int, default=10_485_760, help="first N query tokens (default: the speedrun's 10,485,760)")
+    p.add_argument("--query-tokens", type=parse_token_count, default=SPEEDRUN_VAL_TOKENS, help="first N query tokens (default: the speedrun's 10,485,760)")
     p.add_argument("--lengths", default="6,10,20")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per path (median, min-max)")
     p.add_argument("--json", default=None)

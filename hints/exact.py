@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from .index import Hints, as_tokens, hints_from_counts
+from .geometry import DEFAULT_LENGTHS
 
 M64 = (1 << 64) - 1
 FINGERPRINT_SEED = 0x6E6772616D73  # seed of the multipliers A[i] ("ngrams" in ASCII)
@@ -143,7 +144,7 @@ def _train_pieces(train, max_piece):
             yield chunk[a:a + max_piece]
 
 
-def count_exact(query, train, lengths=(6, 10, 20), backend="torch", device=None, chunk_tokens=None,
+def count_exact(query, train, lengths=DEFAULT_LENGTHS, backend="torch", device=None, chunk_tokens=None,
                 progress=None, stats=None, **backend_options):
     """Exact hints for every position of `query`: the most frequent follower of each of its
     n-grams in `train` (ties to the smallest id), the n-gram's count, purity and kind.
@@ -354,7 +355,7 @@ class ExactHints:
                 f"{self.tokens_added:,} training tokens in {self.seconds:.2f}s")
 
 
-def exact_val_hints(val_tokens, train_chunks, lengths=(6, 10, 20), backend="torch", device=None, start=0, stop=None,
+def exact_val_hints(val_tokens, train_chunks, lengths=DEFAULT_LENGTHS, backend="torch", device=None, start=0, stop=None,
                     progress=None):
     """Count the n-grams at positions [start, stop) of the validation stream (each with its whole
     n-grams: the longest length - 1 tokens before start are read too) in `train_chunks` (an

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from .exact import count_exact, fingerprint_collisions
-from .geometry import Geometry
+from .geometry import DEFAULT_LENGTHS, Geometry
 from .index import HintIndex
 from .reference import ReferenceIndex
 
@@ -40,7 +40,7 @@ def same_hints(a, b):
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
 
 
-def run_exact_bench(train, query, lengths=(6, 10, 20), workers=2, repeats=3, log=print):
+def run_exact_bench(train, query, lengths=DEFAULT_LENGTHS, workers=2, repeats=3, log=print):
     import torch
     lengths = tuple(lengths)
     log(f"exact-bench: {train.size:,} training tokens, {query.size:,} query positions, lengths {lengths}, "

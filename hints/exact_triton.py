@@ -23,6 +23,7 @@ import sys
 import warnings
 
 from .exact import multipliers
+from .geometry import DEFAULT_LENGTHS
 
 QUERY_SLOTS_PER_NGRAM = 2  # query table slots per query position: load <= 1/2, short probes for misses
 PAIR_LOAD = 0.75           # pair table load kept at or below 3/4 (linear probing stays short; loops end)
@@ -222,7 +223,7 @@ class TritonCounter:
         return tuple(x.view(K, n).cpu().numpy() for x in out)
 
 
-def compile_for_gpu(arch=90, lengths=(6, 10, 20), block=GPU_BLOCK, warps=GPU_WARPS):
+def compile_for_gpu(arch=90, lengths=DEFAULT_LENGTHS, block=GPU_BLOCK, warps=GPU_WARPS):
     """Compile every kernel for an NVIDIA GPU of compute capability `arch` (90: Hopper) without
     one: Triton's front end, LLVM and the ptxas that ships with Triton. {kernel name: PTX}.
     Catches what the interpreter cannot (types, constexpr use, lowering of the atomics)."""

@@ -131,7 +131,7 @@ def index_file_bytes(geom):
     return layout(geom)[2]
 
 
-def rank_bytes(train_tokens=RECORD_TRAIN_TOKENS, lengths=(6, 10, 20)):
+def rank_bytes(train_tokens=RECORD_TRAIN_TOKENS, lengths=DEFAULT_LENGTHS):
     """Host memory of one training rank: its base and its training-time index."""
     return RANK_BASE_BYTES + Geometry.for_tokens(max(1, train_tokens), lengths=lengths).nbytes
 
@@ -174,7 +174,7 @@ class Plan:
 
 
 def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=None, n_ranks=RECORD_RANKS,
-                rank_ram_bytes=None, requested_tokens=None, requested_geometry=None, lengths=(6, 10, 20),
+                rank_ram_bytes=None, requested_tokens=None, requested_geometry=None, lengths=DEFAULT_LENGTHS,
                 shm_dirs=None, fetchable_tokens=0, hint_workers=RECORD_HINT_WORKERS,
                 train_tokens=RECORD_TRAIN_TOKENS, default_tokens=RECORD_HINT_TOKENS,
                 build_tokens_per_core_s=BUILD_TOKENS_PER_CORE_S, build_budget_s=BUILD_BUDGET_S):
