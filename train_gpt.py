@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader
+from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_files
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints import Geometry, HintIndex, n_kinds
@@ -41,7 +41,7 @@ from train.placement import pin, place_cuda_ranks
 from train.step import LLMC_STEPS, TrainStep
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_STEPS,
                         add_plan_args, plan_for_run)
-from train.val_hints import count_exact_val_hints, open_val_index, start_background
+from train.val_hints import VAL_LOOKUP_WORKERS, count_exact_val_hints, open_val_index, start_background
 from train.warmup import warm_up_and_undo
 
 RECORD_MAX_RANK_BATCH = 16  # sequences of 2048 per GPU (fewer GPUs: a smaller global batch)
@@ -156,6 +156,9 @@ def parse_args(argv=None):
                    "e.g. 75M, 1.2B, 37B (0: none; capped at the shards; record: the plan's)")
     g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index")
     g.add_argument("--val-index", help="a saved hint index to validate with when no background index is ready")
+    g.add_argument("--switch-hints-at", type=count(0), default=0, help="from this step on, look training-time hints "
+                   "up in the background index once it is ready on every rank (faster, timing-fragile; needs "
+                   "--hint-files disjoint from --train-files; 0: never)")
     g.add_argument("--val-hints", choices=("background", "exact", "exact-gpu"), default="background",
                    help="validation hints from the background index (else --val-index, else the training index), or "
                    "exact counts of the val n-grams in the first --hint-tokens training tokens (torch; Triton on CUDA)")
@@ -257,6 +260,9 @@ def main(argv=None):
     val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
     background, exact, builder_cpus = None, None, None
     with_background = args.val_hints == "background" and args.hint_tokens > 0
+    if args.switch_hints_at and (not with_background or set(resolve_files(hint_files)) & set(resolve_files(train_files))):
+        raise SystemExit("error: --switch-hints-at: needs a background index built from --hint-files disjoint from "
+                         "--train-files (an index holding the training tokens would hint the very tokens being predicted)")
     if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
         placement = place_cuda_ranks(d.local_world_size, 1 + args.hint_workers)
         pin(placement.rank_cpus[d.local_rank])
@@ -267,7 +273,7 @@ def main(argv=None):
                                               if args.hint_geometry else None)
         background = start_background(hint_files, args.hint_tokens, lengths, bg_geom, run_id, d, args.hint_workers,
                                       builder_cpus, log)
-    elif args.val_hints != "background":
+    if args.val_hints != "background":
         exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
                                       batch_size=args.val_batch_size, dist=d, log=log)
 
@@ -296,7 +302,9 @@ def main(argv=None):
     val_steps = {s for s in range(1, total + 1) if s == total or (args.val_every and s % args.val_every == 0)}
     ckpt_steps = {s for s in range(1, total + 1) if args.save_checkpoint and (
         s == total or (args.checkpoint_every and s % args.checkpoint_every == 0))}
-    next_sync = lambda s: min((t for t in val_steps | ckpt_steps if t > s), default=total)  # noqa: E731
+    # from --switch-hints-at on, each log interval asks whether every rank has the background index, until one does
+    switch_steps = set(range(args.switch_hints_at, total, args.log_every)) if args.switch_hints_at and with_background else set()
+    next_sync = lambda s: min((t for t in val_steps | ckpt_steps | switch_steps if t > s), default=total)  # noqa: E731
     cache = ValHintCache()
     meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
     prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail).start(limit=next_sync(start_step))
@@ -304,7 +312,7 @@ def main(argv=None):
         prep.wait_filled()  # the queue starts full, as the speedrun's clock would want
         meter.start()
         for step in range(start_step, total + 1):
-            if step > start_step and step in val_steps | ckpt_steps:
+            if step > start_step and step in val_steps | ckpt_steps | switch_steps:
                 meter.stop()
                 prep.wait_idle()  # the thread stopped at this step: index and loader are as of `step`
                 if step in val_steps:
@@ -319,6 +327,12 @@ def main(argv=None):
                                         index=index, tail=prep.tail, progress=meter.snapshot(),
                                         settings=settings, args=args)
                     log(f"checkpoint: step {step} -> {path} (+ manifest) in {time.perf_counter() - t0:.1f}s")
+                if step in switch_steps and all(d.gather(background is not None and background.ready())):
+                    prep.switch_lookups(background.open(workers=VAL_LOOKUP_WORKERS))
+                    switch_steps.clear()
+                    meter.switched_at = step
+                    log(f"training-time hints: from step {step + 1} on, looked up in the background index "
+                        f"({background.describe()})")
                 if step < total and not meter.target:
                     prep.set_limit(next_sync(step))
                     prep.wait_filled()
@@ -344,6 +358,7 @@ def main(argv=None):
         hint_tokens_train=int(index.tokens_added) if index is not None else 0,
         background=background.status() if background else None, val_hint_path=args.val_hints,
         val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
+        hints_switched_at_step=meter.switched_at,
         plan=plan.to_dict() if plan else None,
         checkpoint=args.save_checkpoint, log_file=log.path)
     if d.master and args.summary_json:

@@ -299,3 +299,23 @@ def test_llmc_preset_runs_four_lengths_end_to_end(corpus, tmp_path):
     assert s["hint_tokens_val"] == 50_000 and np.isfinite(s["val_loss_hints"])
     assert s["target_val_loss"] == 3.28 and not s["target_reached"] and s["time_to_target_s"] is None
     assert s["steps"] == 4
+
+
+def test_switch_to_the_background_index_midway(corpus, tmp_path):
+    """--switch-hints-at: once the background index (from other shards than the training ones) is
+    ready on every rank, at or after the given step, training-time hints come from it; an index
+    over the training shards themselves is refused before training."""
+    other = tmp_path / "hint_corpus"
+    other.mkdir()
+    rng = np.random.default_rng(7)
+    write_shard(other / "train_000000.bin", rng.integers(0, VOCAB, 20_000))
+    write_manifest(other)
+    common = tiny_args(corpus, tmp_path, "--batch-size", "2", "--val-every", "0", "--log-every", "10",
+                       "--switch-hints-at", "10") + ["--hint-tokens", "20000"]
+    # 400 steps (~15 s): the builder's start (a fresh interpreter loading Numba) is ready well before
+    s = train(common + ["--steps", "400", "--hint-files", str(other / "train_*.bin"), "--summary-json",
+                        str(tmp_path / "s.json")])
+    assert s["hints_switched_at_step"] is not None and s["hints_switched_at_step"] >= 10
+    assert (s["hints_switched_at_step"] - 10) % 10 == 0 and s["background"]["state"] == "ready"
+    p = run(common + ["--steps", "20", "--hint-files", str(corpus / "train_*.bin")], check=False)
+    assert p.returncode == 1 and "--switch-hints-at" in p.stderr and "disjoint" in p.stderr

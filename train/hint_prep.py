@@ -57,6 +57,7 @@ class HintPrep:
 
     def __init__(self, loader, index, rank=0, world_size=1, depth=PREP_QUEUE_DEPTH, pin=False, tail=None):
         self.loader, self.index = loader, index
+        self.lookup_index = index  # where lookups go: the training index, or after a switch the large one
         self.rank, self.world_size, self.pin = rank, world_size, pin
         self.B, self.T = loader.B, loader.T
         self.context = (max(index.geom.lengths) - 1) if index is not None else 0
@@ -84,7 +85,7 @@ class HintPrep:
             g = batch.global_tokens
             stream = np.concatenate([self.tail, g])  # the previous step's end gives rank 0 its context
             start = len(self.tail) + r * B * T
-            tok, kind = hints_to_arrays(self.index.lookup_span(stream, start, start + B * T), B, T)
+            tok, kind = hints_to_arrays(self.lookup_index.lookup_span(stream, start, start + B * T), B, T)
             ht, hk = torch.from_numpy(tok), torch.from_numpy(kind)
             t2 = time.perf_counter()
             self.index.add(g)  # only now: the hints of this step came from earlier steps
@@ -123,6 +124,11 @@ class HintPrep:
                         pass
         except BaseException as e:  # noqa: BLE001 - handed to the main loop, which re-raises
             self._error = (e, traceback.format_exc())
+
+    def switch_lookups(self, index):
+        """From the next prepared step on, look hints up in `index` (the training index still grows,
+        for checkpoints). Call only while the thread is idle at its limit (after wait_idle)."""
+        self.lookup_index = index
 
     def set_limit(self, limit):
         with self._cond:

@@ -24,6 +24,7 @@ class Meter:
         self.d, self.global_batch, self.flops_per_token = d, global_batch, flops_per_token
         self.target_val_loss = target_val_loss
         self.target = None  # (step, train seconds) of the first validation at or below the target
+        self.switched_at = None  # the step after which training-time hints came from the background index
         saved = saved or {}
         self.total = {k: saved.get(k, 0) for k in TOTAL_KEYS}
         self.train_losses = list(saved.get("train_losses", []))  # [step, mean loss over ranks]
