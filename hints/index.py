@@ -6,18 +6,26 @@ memory other processes can map) and pre-faulted in parallel. `add` builds in sub
 pre-faulted staging arena; stage 2 places one partition per worker. Because every
 partition is filled in stream order, the bytes do not depend on the chunking of `add`
 calls or on the worker count.
+
+A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
+side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
+returns exactly what it returned before; it is saved and loaded sealed. `add()` on a sealed
+index unseals it (its buckets stay valid, lookups go back to scanning). One index must not be
+added to while it is looked up from another thread.
 """
 import dataclasses
 import mmap
 import os
 import shutil
+import threading
 import time
 
 import numba
 import numpy as np
 
 from . import kernels, store
-from .parallel import run_ranges, split
+from . import lookup as lookup_kernels
+from .parallel import run_ranges, run_split, split
 from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
@@ -109,6 +117,10 @@ class HintIndex:
         """Everything but the table: shared by a new index and a loaded one."""
         self.geom, self.workers, self.path = geom, int(workers), path
         self.readonly = False
+        self.sealed = False
+        self._side = None  # sealed: (side_off, side_key, side_val), see hints.lookup
+        self._scratch_free = []  # per-worker lookup scratch (counters, result cache), reused
+        self._scratch_lock = threading.Lock()
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
@@ -176,6 +188,7 @@ class HintIndex:
         tokens = as_tokens(tokens)
         if tokens.size == 0:
             return self
+        self.sealed, self._side = False, None  # appended slots break the sort; the scan reads any order
         max_len = int(self._lengths.max())
         st = self._staging(min(tokens.size, self.chunk_tokens))
         g, w = self.geom, self.workers
@@ -204,7 +217,53 @@ class HintIndex:
             self.tokens_added += chunk.size
         return self
 
+    # ---- seal -----------------------------------------------------------------------------
+    def seal(self):
+        """Sort every bucket, write the bucket summaries and build the side table of frequent
+        n-grams (two O(table) passes over the partitions, `workers` at a time; see hints.lookup).
+        Lookups then search instead of scanning and return exactly what they returned before.
+        Returns self."""
+        if self.sealed:
+            return self
+        if self.readonly:
+            raise RuntimeError(f"hint index {self.path} is opened read-only (mmap); load it with mmap=False to seal")
+        g = self.geom
+        summary = alloc((g.n_partitions, g.n_buckets, lookup_kernels.summary_words(g.slots)), np.uint16)
+        side_off = np.zeros(g.n_partitions + 1, dtype=np.int64)
+        side = np.zeros(0, dtype=np.uint64)
+
+        def seal(first_pass):
+            run_ranges(lambda p0, p1: lookup_kernels.seal_partitions(
+                p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits, first_pass, summary, side_off,
+                side), g.n_partitions, self.workers)
+
+        seal(True)  # sort, summarise, count each partition's side entries into side_off[p + 1]
+        found = side_off[1:]
+        cap = np.where(found > 0, 1 << np.ceil(np.log2(np.maximum(found, 1) * lookup_kernels.SIDE_LOAD)).astype(np.int64), 0)
+        side_off[1:] = np.cumsum(cap)
+        if side_off[-1]:
+            side = np.zeros(2 * int(side_off[-1]), dtype=np.uint64)
+            seal(False)
+        self._side = (summary, side_off, side)
+        self.sealed = True
+        return self
+
+    @property
+    def side_capacity(self):
+        """Entries the sealed index's side table has room for (0 when unsealed)."""
+        return int(self._side[1][-1]) if self.sealed else 0
+
     # ---- query ----------------------------------------------------------------------------
+    def _take_scratch(self):
+        with self._scratch_lock:
+            if self._scratch_free:
+                return self._scratch_free.pop()
+        return lookup_kernels.new_scratch(self.geom.n_lengths, self.geom.slots)
+
+    def _give_scratch(self, scratch):
+        with self._scratch_lock:
+            self._scratch_free.append(scratch)
+
     def lookup_counts(self, tokens):
         """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n)."""
         q = as_tokens(tokens)
@@ -213,9 +272,24 @@ class HintIndex:
         cnt = np.empty((K, n), dtype=np.int32)
         top = np.empty((K, n), dtype=np.int32)
         g = self.geom
-        run_ranges(lambda t0, t1: kernels.lookup(
-            t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
-            self._bits, self._shifts, tok, cnt, top), n, self.workers)
+        sealed, side = self.sealed, self._side
+
+        def look(r, t0, t1):
+            sc = self._take_scratch()
+            try:
+                if sealed:
+                    lookup_kernels.lookup_sorted(
+                        t0, t1, q, self.table, side[0], side[1], side[2], self._lengths, self._pows,
+                        g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top)
+                else:
+                    lookup_kernels.lookup_scan(
+                        t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
+                        self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["buf"], sc["cache_tag"],
+                        sc["cache_key"], sc["cache_val"])
+            finally:
+                self._give_scratch(sc)
+
+        run_split(look, n, self.workers)
         return tok, cnt, top
 
     def lookup(self, tokens):
@@ -240,20 +314,36 @@ class HintIndex:
         fill = np.asarray(self.fill).reshape(-1)
         # fill is uint16; view it as uint64 words (a copy only for geometries of < 4 buckets)
         b = checksum(fill.view(np.uint64) if fill.nbytes % 8 == 0 else fill.astype(np.uint64))
-        return (a * 0x100000001B3 + b) % (1 << 64)
+        c = (a * 0x100000001B3 + b) % (1 << 64)
+        if self.sealed:
+            for a in self._side:
+                c = (c * 0x100000001B3 + checksum(np.asarray(a).reshape(-1).view(np.uint64))) % (1 << 64)
+        return c
 
     def _header(self):
         return store.pack_header(self.geom, self.tokens_added, self.hints_stored, self.dropped,
-                                 self.data_checksum(), self.history)
+                                 self.data_checksum(), self.history, self.sealed, self.side_capacity)
+
+    def _write_side(self, f):
+        """Write the side table at its offsets in an open index file (sealed indexes only)."""
+        lay = store.layout(self.geom, self.side_capacity)
+        for name, a in zip(store.SEALED_ARRAYS, self._side):
+            f.seek(lay[name])
+            np.ascontiguousarray(a).tofile(f)
 
     def save(self, path=None):
         """Write the index to `path` (default: its own file backing). Returns the path."""
         path = path or self.path
         if path is None:
             raise ValueError("save(): no path given and the index has no file backing")
+        total = store.file_bytes(self.geom, self.sealed, self.side_capacity)
         if self.path is not None and os.path.abspath(path) == os.path.abspath(self.path):
             self.fill.flush()
             self.table.flush()
+            with open(path, "r+b") as f:
+                f.truncate(total)  # room for the side table, or none once unsealed
+                if self.sealed:
+                    self._write_side(f)
             store.write_header(path, self._header())
             return path
         tmp = f"{path}.tmp{os.getpid()}"
@@ -264,6 +354,9 @@ class HintIndex:
             np.ascontiguousarray(self.fill).tofile(f)
             f.seek(table_off)
             np.ascontiguousarray(self.table).tofile(f)
+            if self.sealed:
+                self._write_side(f)
+            f.truncate(total)
         os.replace(tmp, path)
         return path
 
@@ -276,6 +369,10 @@ class HintIndex:
         self = cls.__new__(cls)
         self._init_state(geom, workers, path, tokens_added=hdr["tokens_added"], history=hdr["history"],
                          dropped=hdr["dropped"])
+        if hdr["sealed"]:
+            side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
+            self._side = side if mmap else tuple(np.array(a) for a in side)
+            self.sealed = True
         if mmap:
             self.fill, self.table = store.map_arrays(path, geom, "r")
             self.readonly = True
@@ -313,6 +410,8 @@ class HintIndex:
             tokens_added=int(self.tokens_added),
             hints_stored=stored,
             dropped=self.dropped,
+            sealed=self.sealed,
+            side_capacity=self.side_capacity,
             load=stored / g.n_slots,
             full_buckets=int(hist[g.slots]),
             fill_histogram=hist.tolist(),

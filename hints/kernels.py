@@ -1,4 +1,4 @@
-"""Numba kernels of the hint index: n-gram hashing, the two build stages, lookup, checksums.
+"""Numba kernels of the hint index: n-gram hashing, the two build stages, checksums (lookup: `hints.lookup`).
 
 Everything here is `nogil` and cached, and works on plain NumPy arrays handed in by
 `hints.index`. All hash arithmetic is uint64 and wraps mod 2^64.
@@ -26,6 +26,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .geometry import SLOTS_PER_LINE
+
 U64 = np.uint64
 
 HASH_MULT = U64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier of the rolling polynomial (golden ratio)
@@ -33,12 +35,7 @@ SEED_MULT = U64(0xC2B2AE3D27D4EB4F)     # per-length seed = (k + 1) * SEED_MULT,
 FMIX_C1 = U64(0xFF51AFD7ED558CCD)       # MurmurHash3 fmix64 constants
 FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
 BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift bucket hash
-TOKEN_MASK = U64(0xFFFF)
-NO_KEY = U64(1) << U64(63)              # a query key no slot key (< 2^48) can equal
-BURST = 8                               # slots per burst line: one 64-byte cache line
-PREFETCH_GROUP = 16                     # lookups hashed and prefetched together (misses in flight)
-CACHE_BITS = 12                         # lookup result cache: 2^12 entries per length (direct-mapped)
-CACHE_MIN_COUNT = 24                    # n-grams seen this often are cached: counting them costs more than a probe
+BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
 
 
 def _prefetch_codegen(context, builder, signature, args):
@@ -93,31 +90,6 @@ def cttz(typingctx, x):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
         return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
     return types.uint64(types.uint64), codegen
-
-
-@numba.njit(cache=True, inline="always")
-def gather_matches(row, f, sh, qk, lo, buf, m):
-    """Append (token << 3 | lengths matched) of the slots row[:f] matching length lo to buf[m:].
-
-    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited.
-    """
-    for c in range(0, f, 64):
-        mask = U64(0)
-        for i in range(c, min(f, c + 64)):
-            mask |= U64((row[i] >> sh[lo]) == qk[lo]) << U64(i - c)
-        while mask:
-            sl = row[c + np.int64(cttz(mask))]
-            mask &= mask - U64(1)
-            lvl = (np.int64((sl >> sh[0]) == qk[0]) + np.int64((sl >> sh[1]) == qk[1])
-                   + np.int64((sl >> sh[2]) == qk[2]) + np.int64((sl >> sh[3]) == qk[3]))
-            buf[m] = ((sl & TOKEN_MASK) << U64(3)) | U64(lvl)
-            m += 1
-    return m
-
-
-@numba.njit(cache=True, inline="always")
-def cache_slot(part, key):
-    return np.int64(((key ^ (U64(part) * HASH_MULT)) * FMIX_C1) >> U64(64 - CACHE_BITS))
 
 
 @numba.njit(cache=True, inline="always")
@@ -275,138 +247,6 @@ def stage2_place(parts, arena, block_len, block_next, heads, table, fill, bucket
                         drops += 1
                 blk = block_next[blk]
         dropped[p] += drops
-
-
-# ---- lookup ---------------------------------------------------------------------------------
-
-@numba.njit(cache=True, nogil=True)
-def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-           out_token, out_count, out_top):
-    """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
-
-    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). Positions go in groups
-    of PREFETCH_GROUP: first hash the group and prefetch each first bucket, then scan them, so
-    the group's cache misses overlap. The second bucket is scanned only when the first is full.
-    """
-    K = lengths.shape[0]
-    slots = table.shape[2]
-    if t0 >= t1:
-        return
-    r = np.empty(K, dtype=np.uint64)
-    buf = np.empty(2 * slots + 1, dtype=np.uint64)
-    qk = np.empty(4, dtype=np.uint64)
-    best = np.zeros(K, dtype=np.int64)
-    best_tok = np.zeros(K, dtype=np.int64)
-    counts = np.zeros((K, 1 << 16), dtype=np.int32)  # follower counts by token id, zeroed after use
-    total = np.zeros(K, dtype=np.int64)
-    sh = np.full(4, 63, dtype=np.uint64)  # unused lengths: slot >> 63 never equals NO_KEY
-    for k in range(K):
-        sh[k] = shifts[k]
-    # per-call cache of results for frequent n-grams, keyed by (partition, nested key); the
-    # table does not change during a call, so a hit is exact
-    cache_part = np.full((K, 1 << CACHE_BITS), -1, dtype=np.int64)
-    cache_key = np.zeros((K, 1 << CACHE_BITS), dtype=np.uint64)
-    cache_tok = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    cache_top = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    cache_count = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    g_part = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    n = q.shape[0]
-    out_token[:, t0:t1] = -1
-    out_count[:, t0:t1] = 0
-    out_top[:, t0:t1] = 0
-    t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
-    if t >= t1:
-        return
-    init_states(r, q, t + 1, lengths)
-    while t < t1:
-        g_end = min(t1, t + PREFETCH_GROUP)
-        for g in range(g_end - t):  # phase 1: hash the group, prefetch its first buckets
-            j = t + g + 1
-            part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-            b1, b2 = bucket_pair(c0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g], g_key[g] = part, b1, b2, key
-            prefetch2(fill, part, b1)
-            prefetch3(table, part, b1, 0)
-            prefetch3(table, part, b1, 8)
-            if j < n:
-                roll(r, q, j, lengths, pows)
-        for g in range(g_end - t):  # phase 2: count matches, reuse cached results, count followers
-            j = t + g + 1
-            part, b1, b2, key = g_part[g], g_b1[g], g_b2[g], g_key[g]
-            valid = 0
-            for k in range(4):
-                qk[k] = NO_KEY
-            for k in range(K):
-                if j >= lengths[k]:
-                    qk[k] = key >> sh[k]
-                    valid += 1
-            # precheck: is the shortest n-gram here at all? (a vectorised count, no branches)
-            h0 = 0
-            for pass_ in range(2):
-                b = b1 if pass_ == 0 else b2
-                f = fill[part, b]
-                row = table[part, b]
-                for i in range(f):
-                    h0 += (row[i] >> sh[0]) == qk[0]
-                if f < slots:  # a hint goes to its second bucket only once the first is full
-                    break
-            if h0 == 0:
-                continue
-            # frequent n-grams recur: take their results from the cache; count the rest
-            lo = valid
-            for k in range(valid - 1, -1, -1):
-                ci = cache_slot(part, qk[k])
-                if cache_part[k, ci] == part and cache_key[k, ci] == qk[k]:
-                    out_token[k, t + g] = cache_tok[k, ci]
-                    out_count[k, t + g] = cache_count[k, ci]
-                    out_top[k, t + g] = cache_top[k, ci]
-                else:
-                    lo = k
-            if lo == valid:
-                continue
-            m = 0  # gather (token, levels matched) of the slots matching length lo
-            for pass_ in range(2):
-                b = b1 if pass_ == 0 else b2
-                f = fill[part, b]
-                m = gather_matches(table[part, b], f, sh, qk, lo, buf, m)
-                if f < slots:
-                    break
-            if m == 0:
-                continue
-            # count followers per level in token-indexed counters, tracking the top as we go
-            for k in range(lo, valid):
-                total[k] = 0
-                best[k] = 0
-                best_tok[k] = -1
-            for i in range(m):
-                tok = np.int64(buf[i] >> U64(3))
-                for k in range(lo, np.int64(buf[i] & U64(7))):
-                    c = counts[k, tok] + 1
-                    counts[k, tok] = c
-                    total[k] += 1
-                    if c > best[k] or (c == best[k] and tok < best_tok[k]):  # ties: smallest id
-                        best[k] = c
-                        best_tok[k] = tok
-            for i in range(m):
-                tok = np.int64(buf[i] >> U64(3))
-                for k in range(lo, np.int64(buf[i] & U64(7))):
-                    counts[k, tok] = 0
-            for k in range(lo, valid):
-                if total[k] > 0:
-                    out_token[k, t + g] = best_tok[k]
-                    out_count[k, t + g] = total[k]
-                    out_top[k, t + g] = best[k]
-                    if total[k] >= CACHE_MIN_COUNT:
-                        ci = cache_slot(part, qk[k])
-                        cache_part[k, ci] = part
-                        cache_key[k, ci] = qk[k]
-                        cache_tok[k, ci] = best_tok[k]
-                        cache_count[k, ci] = total[k]
-                        cache_top[k, ci] = best[k]
-        t = g_end
 
 
 # ---- whole-table helpers --------------------------------------------------------------------
