@@ -80,16 +80,27 @@ def cmd_stats(args):
 
 def cmd_bench(args):
     from .bench import format_table, run_bench
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: expected at least 1")
     if args.tokens:
         train = read_all(args.tokens, args.max_tokens)
         query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
+        shards = None if args.tokens.endswith(".npy") else args.tokens
+        source = args.tokens
     else:
-        from data.local_corpus import build_local_corpus
-        corpus = build_local_corpus(max_train_tokens=args.max_tokens)
+        if args.corpus == "prose":
+            from data.prose_corpus import build_prose_corpus as build_corpus
+        else:
+            from data.local_corpus import build_local_corpus as build_corpus
+        corpus = build_corpus(max_train_tokens=args.max_tokens)
         train = read_all(corpus["train_pattern"], args.max_tokens)
         query = read_all(corpus["val_pattern"], args.query_tokens)
+        shards, source = corpus["train_pattern"], f"{args.corpus} corpus ({corpus['src_dir']})"
     geom = Geometry.parse(args.geometry, train.size, parse_lengths(args.lengths))
-    res = run_bench(train, query, geom=geom, workers=args.workers, ref_tokens=args.ref_tokens)
+    print(f"corpus: {source}")
+    res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
+                    shards=shards, record_step=args.record_step)
+    res["corpus"] = source
     print()
     print(format_table(res))
     if args.json:
@@ -142,8 +153,15 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the numbers to this JSON file")
     p.set_defaults(fn=cmd_stats)
 
-    p = sub.add_parser("bench", help="time build and lookup against the plain-Python reference (ratios, one run)")
+    p = sub.add_parser("bench", help="time build, seal and lookup against the plain-Python reference "
+                                     "(median and min-max of repeats)")
     common(p, tokens_required=False)
+    p.add_argument("--corpus", choices=("stdlib", "prose"), default="stdlib",
+                   help="without --tokens: Python's standard-library source (stdlib) or the Linux man-pages "
+                        "project as English text (prose; Debian packages manpages, manpages-dev)")
+    p.add_argument("--repeats", type=int, default=5, help="times each figure is measured (alternated)")
+    p.add_argument("--record-step", action="store_true",
+                   help="also time one rank's training-time hint work per step at the record's shape")
     p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
     p.add_argument("--query-tokens", type=int, default=1_000_000)
     p.add_argument("--ref-tokens", type=int, default=200_000, help="tokens the plain-Python builder is timed on")

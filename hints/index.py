@@ -295,7 +295,7 @@ class HintIndex:
     def lookup(self, tokens):
         """Hints for every position t of a 1-D token array (n-gram tokens[t-L+1..t])."""
         tok, cnt, top = self.lookup_counts(tokens)
-        return hints_from_counts(tok, cnt, top)
+        return hints_from_counts(tok, cnt, top, self.workers)
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:
@@ -421,22 +421,25 @@ class HintIndex:
         return f"HintIndex({self.geom.describe()}, tokens={self.tokens_added:,}, stored={self.hints_stored:,}, dropped={self.dropped:,})"
 
 
-def hints_from_counts(tok, cnt, top):
+def hints_from_counts(tok, cnt, top, workers=1):
     """Turn raw lookup counts into the public Hints arrays (purity and kind)."""
     K, n = tok.shape
-    purity = np.zeros((K, n), dtype=np.float32)
-    present = cnt > 0
-    purity[present] = top[present] / cnt[present]
-    kind = np.full((K, n), -1, dtype=np.int16)
-    _kinds(cnt, top, kind)
+    purity = np.empty((K, n), dtype=np.float32)
+    kind = np.empty((K, n), dtype=np.int16)
+    run_ranges(lambda t0, t1: _purity_kinds(t0, t1, cnt, top, purity, kind), n, workers)
     return Hints(token=tok, count=cnt, purity=purity, kind=kind)
 
 
 @numba.njit(cache=True, nogil=True)
-def _kinds(cnt, top, out):
-    K, n = cnt.shape
-    for k in range(K):
-        for t in range(n):
-            if cnt[k, t] > 0:
-                out[k, t] = kind_of(k, cnt[k, t], top[k, t])
-
+def _purity_kinds(t0, t1, cnt, top, purity, kind):
+    """purity = top / count (float64 division rounded to float32, as NumPy does) and kind, or
+    0 and -1 where the n-gram is absent, for positions t0..t1-1."""
+    for k in range(cnt.shape[0]):
+        for t in range(t0, t1):
+            c = cnt[k, t]
+            if c > 0:
+                purity[k, t] = np.float32(np.float64(top[k, t]) / np.float64(c))
+                kind[k, t] = kind_of(k, c, top[k, t])
+            else:
+                purity[k, t] = 0
+                kind[k, t] = -1

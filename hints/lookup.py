@@ -419,7 +419,8 @@ def fence_lines(sm, x):
 @numba.njit(cache=True, inline="always")
 def bounds(row, a, n, x, y):
     """[lo, hi): the slots of row[a:a+n] (sorted) with x <= slot <= y. Short ranges are counted
-    (a vectorised compare, no dependent loads), long ones binary-searched."""
+    (a vectorised compare, no dependent loads); long ones get two branch-free binary searches
+    run in one loop (two independent chains of loads; the iteration count depends on n only)."""
     if n <= LINEAR_BOUNDS:
         lo = a
         hi = a
@@ -427,8 +428,14 @@ def bounds(row, a, n, x, y):
             lo += np.int64(row[i] < x)
             hi += np.int64(row[i] <= y)
         return lo, hi
-    lo = lower_bound(row, a, n, x)
-    return lo, upper_bound(row, lo, a + n - lo, y)
+    lo = a
+    hi = a
+    while n > 1:
+        half = n >> 1
+        lo += half * np.int64(row[lo + half - 1] < x)
+        hi += half * np.int64(row[hi + half - 1] <= y)
+        n -= half
+    return lo + np.int64(row[lo] < x), hi + np.int64(row[hi] <= y)
 
 
 @numba.njit(cache=True, inline="always")
