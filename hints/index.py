@@ -2,10 +2,11 @@
 
 The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
-`chunk_tokens`: stage 1 hashes `workers` contiguous ranges at once into a reused,
-pre-faulted staging arena; stage 2 places one partition per worker. Because every
-partition is filled in stream order, the bytes do not depend on the chunking of `add`
-calls or on the worker count.
+`chunk_tokens`: in stage 1 the workers claim 64k-token chunks in turn and stage them in a
+reused, pre-faulted arena (per-worker state on cache lines of its own); stage 2 places the
+partitions, split among the workers by staged size. Because every partition is filled in
+stream order (chunk by chunk), the bytes do not depend on the chunking of `add` calls, on
+the worker count or on which worker took which chunk.
 
 A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
 side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
@@ -25,11 +26,13 @@ import numpy as np
 
 from . import kernels, store
 from . import lookup as lookup_kernels
-from .parallel import run_ranges, run_split, split
+from .parallel import run_ranges, run_split
 from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
+STAGE1_CHUNK = 65_535      # positions a stage-1 worker claims at a time: "chunks of 64k tokens", the most
+                           # whose slots per partition fit the uint16 counts stage 2 orders them by
 STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
 MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
 
@@ -86,7 +89,18 @@ def balance(sizes, workers):
         k = loads.index(min(loads))
         groups[k].append(int(p))
         loads[k] += int(sizes[p])
-    return [np.array(gr, dtype=np.int64) for gr in groups if gr]
+    # each group in partition order: stage 2 reads counts[c, p] for every chunk c, and neighbouring
+    # partitions share those cache lines
+    return [np.array(sorted(gr), dtype=np.int64) for gr in groups if gr]
+
+
+def line_aligned(shape, dtype):
+    """A zeroed array that starts on a 64-byte line and is followed by a line of padding, so
+    that no other array shares its cache lines (per-worker state: no false sharing)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + 128, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def prefault_zero(a, workers):
@@ -126,6 +140,7 @@ class HintIndex:
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
         self._dropped[0] = dropped
         self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
+        self.stage1_chunk = STAGE1_CHUNK  # positions a stage-1 worker claims at a time (at most STAGE1_CHUNK)
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         g = self.geom
@@ -146,25 +161,36 @@ class HintIndex:
     # ---- build ----------------------------------------------------------------------------
     def _staging(self, n):
         """Staging arena for sub-chunks of up to n tokens; allocated (and pre-faulted) once."""
-        if self._stage is not None and self._stage["capacity"] >= n:
+        if self._stage is not None and self._stage["capacity"] >= n and self._stage["stage1_chunk"] == self.stage1_chunk:
             return self._stage
         g, w = self.geom, self.workers
-        per_range = -(-n // w)
-        blocks_per_range = -(-per_range // STAGE_BLOCK) + g.n_partitions + 1
-        n_blocks = w * blocks_per_range
+        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1  # full blocks + one partial per worker and partition
+        n_chunks = -(-n // self.stage1_chunk)
         max_len = int(self._lengths.max())
         st = dict(
             capacity=n,
-            blocks_per_range=blocks_per_range,
+            stage1_chunk=self.stage1_chunk,
             arena=alloc((n_blocks, STAGE_BLOCK), np.uint64),
             block_len=np.zeros(n_blocks, dtype=np.int64),
             block_next=np.zeros(n_blocks, dtype=np.int64),
-            heads=np.zeros((w, g.n_partitions), dtype=np.int64),
-            tails=np.zeros((w, g.n_partitions), dtype=np.int64),
-            bursts=np.zeros((w, g.n_partitions, kernels.BURST), dtype=np.uint64),
-            burst_fills=np.zeros((w, g.n_partitions), dtype=np.uint8),
+            claims=line_aligned((1,), np.int64),  # next unclaimed stage-1 chunk
+            free=line_aligned((1,), np.int64),    # next unused block
+            # chunk -> worker, and slots per (chunk, partition): only needed to interleave workers
+            owner=np.zeros(n_chunks if w > 1 else 0, dtype=np.int32),
+            counts=np.zeros((n_chunks if w > 1 else 0, g.n_partitions), dtype=np.uint16),
+            workers=[dict(  # each worker's own state, on cache lines of its own
+                head=line_aligned((g.n_partitions,), np.int64),
+                tail=line_aligned((g.n_partitions,), np.int64),
+                tail_len=line_aligned((g.n_partitions,), np.int64),
+                full_blocks=line_aligned((g.n_partitions,), np.int64),
+                staged=line_aligned((g.n_partitions,), np.int64),
+                burst=line_aligned((g.n_partitions, kernels.BURST), np.uint64),
+                burst_fill=line_aligned((g.n_partitions,), np.uint8),
+            ) for _ in range(w)],
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
+        for ws in st["workers"]:
+            ws["burst_fill"][:] = 0
         prefault_zero(st["arena"], w)
         self._stage = st
         return st
@@ -179,7 +205,9 @@ class HintIndex:
         """Bytes of the hint staging area (arena, chains, burst lines), not the input token buffer."""
         if self._stage is None:
             return 0
-        return sum(v.nbytes for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext")
+        arrays = [v for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext"]
+        arrays += [v for ws in self._stage["workers"] for v in ws.values()]
+        return sum(a.nbytes for a in arrays)
 
     def add(self, tokens):
         """Append tokens to the stream and store one hint per new position."""
@@ -198,18 +226,27 @@ class HintIndex:
             ext = st["ext"][:h + chunk.size]
             ext[:h] = self.history
             ext[h:] = chunk
-            st["heads"][:] = -1
-            st["tails"][:] = -1
+            n_chunks = -(-chunk.size // self.stage1_chunk)
+            for ws in st["workers"]:
+                ws["head"][:] = -1
+                ws["tail"][:] = -1
+                ws["tail_len"][:] = 0
+                ws["full_blocks"][:] = 0
+                ws["staged"][:] = 0
+            st["claims"][0] = 0
+            st["free"][0] = 0
+            owner = st["owner"][:n_chunks]
+            counts = st["counts"][:n_chunks]
             t0 = time.perf_counter()
-            ranges = [(h + a, h + b) for a, b in split(chunk.size, w)]  # stage 1: worker r hashes range r
-            run_ranges(lambda r0, r1: [kernels.stage1_range(
-                ext, ranges[r][0], ranges[r][1], self._lengths, self._pows, g.partition_bits, self._bits,
-                self._shifts, st["arena"], st["block_len"], st["block_next"], st["heads"][r], st["tails"][r],
-                r * st["blocks_per_range"], st["bursts"][r], st["burst_fills"][r]) for r in range(r0, r1)], w, w)
+            run_split(lambda r, r0, r1: [kernels.stage1_worker(  # stage 1: workers claim chunks in turn
+                ext, h, h + chunk.size, self.stage1_chunk, n_chunks, st["claims"], owner, counts, k, self._lengths, self._pows,
+                g.partition_bits, self._bits, self._shifts, st["arena"], st["block_len"], st["block_next"], st["free"],
+                **st["workers"][k]) for k in range(r0, r1)], w, w)
             t1 = time.perf_counter()
-            groups = balance(kernels.staged_sizes(st["heads"], st["block_len"], st["block_next"]), w)
+            heads = np.stack([ws["head"] for ws in st["workers"]])
+            groups = balance(kernels.staged_sizes(heads, st["block_len"], st["block_next"]), w)
             run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
-                groups[k], st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
+                groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts, self.table, self.fill,
                 g.bucket_bits, int(self._shifts[0]), self._dropped) for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
