@@ -319,9 +319,11 @@ def place_run(row, a, e, tp, fp, slots, bucket_bits, shift0):
     drop. Slot i + PLACE_AHEAD's first bucket is prefetched while slot i is placed. Returns drops."""
     drops = 0
     for i in range(a, e):
+        if i + 2 * PLACE_AHEAD < e:  # two steps: the fill far ahead, then the line it points at
+            p1, _ = bucket_pair(row[i + 2 * PLACE_AHEAD] >> shift0, bucket_bits)
+            prefetch1(fp, p1)
         if i + PLACE_AHEAD < e:
             p1, _ = bucket_pair(row[i + PLACE_AHEAD] >> shift0, bucket_bits)
-            prefetch1(fp, p1)
             prefetch2(tp, p1, np.int64(fp[p1]))
         slot = row[i]
         b1, b2 = bucket_pair(slot >> shift0, bucket_bits)
