@@ -11,7 +11,8 @@ Figures: the plain-Python builder and lookup (the denominators); the build from 
 (both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
 shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
 a sealed one; with --record-step, the training-time hint work of one rank per step at the
-record's shape. Peak build memory is measured once in a fresh child process.
+record's shape; one core's memcpy bandwidth, and from it and the from-shards rate a projection
+of the record's 37B-token build. Peak build memory is measured once in a fresh child process.
 """
 import dataclasses
 import json
@@ -40,6 +41,17 @@ RECORD_LOOKUP = 32_768
 RECORD_ADD = 262_144
 RECORD_INDEX_TOKENS = 70_800_000
 RECORD_PREFILL = 12_000_000
+# The record's builder node (docs/design.md): 37B tokens on 2 x 56 cores, ~600 GB/s of memory bandwidth.
+NODE_TOKENS = 37e9
+NODE_CORES = 112
+NODE_BANDWIDTH = 600e9
+# Bytes one token moves through DRAM in a build at the record's geometry, where a worker's
+# partition (2^14 buckets x 176 slots x 8 B = 22.5 MiB) is far larger than its share of cache:
+#   read: token from the shard (2) + copy into the stream buffer (2 + 2)                =   6
+#   stage 1: slot written to its staging block (8) + the line read for ownership (8)       =  16
+#   stage 2: slot read back (8) + its bucket's line read and written back (64 + 64)        = 136
+# (burst lines keep stage 1's scatter in L2; stage 2 writes one slot into a random line).
+BYTES_PER_TOKEN = 6 + 16 + 136
 
 
 def _peak_rss():
@@ -200,6 +212,32 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
     return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add)
 
 
+def memcpy_bandwidth(log, nbytes=256 * MIB, repeats=REPEATS):
+    """One core's copy bandwidth (bytes read + written per second), median of repeats."""
+    a = np.ones(nbytes // 8, dtype=np.uint64)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    fig = Figure("memcpy, 1 core (read + write)", "B/s", 2 * nbytes)
+    for _ in range(repeats):
+        fig.add(*timed(lambda: np.copyto(b, a))[:2])
+    log(f"  memcpy, 1 core: {fig.median / 1e9:.1f} GB/s read + written [{fig.rates.min() / 1e9:.1f}-{fig.rates.max() / 1e9:.1f}]")
+    return fig
+
+
+def projection(rate_per_core, log, tokens=NODE_TOKENS, cores=NODE_CORES, bandwidth=NODE_BANDWIDTH,
+               bytes_per_token=BYTES_PER_TOKEN):
+    """Seconds to build `tokens` on the record's node: bounded by the cores (the measured
+    per-core rate) and by memory bandwidth (bytes moved per token); the larger one binds."""
+    cores_s = tokens / (cores * rate_per_core)
+    memory_s = tokens * bytes_per_token / bandwidth
+    bound = "memory bandwidth" if memory_s > cores_s else "cores"
+    log(f"projection: {tokens / 1e9:.0f}B tokens on {cores} cores at {rate_per_core / 1e6:.1f}M tok/s per core = "
+        f"{cores_s:.1f}s; {bytes_per_token} B/token at {bandwidth / 1e9:.0f} GB/s = {memory_s:.1f}s; {bound} binds: "
+        f"~{max(cores_s, memory_s):.0f}s")
+    return dict(tokens=tokens, cores=cores, bandwidth=bandwidth, bytes_per_token=bytes_per_token,
+                rate_per_core=rate_per_core, cores_s=cores_s, memory_s=memory_s, bound=bound)
+
+
 def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=200_000, ref_query=10_000,
               shards=None, record_step=False, memory=True, log=print):
     """Benchmark on a training stream `train` and a query stream `query` (uint16 arrays);
@@ -265,6 +303,10 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
             ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
     res["ratios"] = ratios
+    figs["memcpy"] = memcpy_bandwidth(log, repeats=repeats)
+    res["figures"]["memcpy"] = figs["memcpy"].summary()
+    per_core = figs["shards_1w"].median if "shards_1w" in figs else figs["build_1w"].median
+    res["projection"] = projection(per_core, log)
     log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
         ratios["build_1w_vs_ref"], ratios["lookup_sealed_1w_vs_ref"]) + "".join(
         f"; {k.replace('_', ' ')} = {ratios[k]:.2f}x (min over repeats {ratios[k + '_min']:.2f}x)"
@@ -276,6 +318,9 @@ def format_table(res):
     """The README's Markdown table of one bench run: median [min-max] of each figure."""
     rows = []
     for key, f in res["figures"].items():
+        if key == "memcpy":
+            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s"))
+            continue
         digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
         per = f" ({f['median'] / f['workers'] / 1e6:.{digits}f}M per worker)" if f["workers"] > 1 and key != "seal" else ""
         rows.append((f["name"], f"{f['median'] / 1e6:.{digits}f}M {f['unit']}{per}",

@@ -173,7 +173,7 @@ def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, k
     base = j0 - lengths[lengths.shape[0] - 1]
     acc = U64(0)
     prefix[0] = acc
-    for i in range(j1 - base):
+    for i in range(j1 - 1 - base):  # P(j) for j < j1 reads s[:j1-1] only
         acc = acc * HASH_MULT + U64(s[base + i]) + U64(1)
         prefix[i + 1] = acc
     n = j1 - j0

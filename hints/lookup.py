@@ -30,8 +30,8 @@ import numba
 import numpy as np
 
 from .geometry import CHECKSUM_TOTAL_BITS, LEVEL_BITS, MAX_LENGTHS, SLOTS_PER_LINE, TOKEN_BITS
-from .kernels import (FMIX_C1, HASH_MULT, bucket_pair, cttz, fmix64, init_states, prefetch2, prefetch3, roll,
-                      slot_key)
+from .kernels import (FMIX_C1, HASH_MULT, bucket_pair, cttz, fmix64, hash_block, init_states, prefetch2, prefetch3,
+                      roll, slot_key)
 
 U64 = np.uint64
 TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
@@ -39,7 +39,7 @@ LEVEL_MASK = U64((1 << LEVEL_BITS) - 1)
 NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can equal
 UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
-PREFETCH_GROUP = 16                     # lookups hashed and prefetched together (misses in flight)
+PREFETCH_GROUP = 32                     # lookups hashed and prefetched together (misses in flight)
 
 # Scan lookup's result cache: 2^12 entries per length per worker (direct-mapped). A result is
 # cached when counting it scanned at least CACHE_MIN_SCAN slots (8 cache lines); below that,
@@ -144,6 +144,21 @@ def count_followers(buf, m, lo, valid, counts, total, best, best_tok):
 
 
 @numba.njit(cache=True, inline="always")
+def hash_group(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
+    """Slot keys and partitions of stream positions j0..j0+n-1 of q: vectorised over the group
+    (kernels.hash_block), or one at a time where a length is still absent (j < its length)."""
+    if j0 >= lengths[lengths.shape[0] - 1]:
+        hash_block(q, j0, j0 + n, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
+        return
+    init_states(r, q, j0, lengths)
+    for g in range(n):
+        j = j0 + g
+        parts[g], _, keys[g] = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
+        if j < q.shape[0]:
+            roll(r, q, j, lengths, pows)
+
+
+@numba.njit(cache=True, inline="always")
 def clear_outputs(t0, t1, out_token, out_count, out_top):
     for k in range(out_token.shape[0]):
         for t in range(t0, t1):
@@ -199,20 +214,19 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    n = q.shape[0]
-    init_states(r, q, t + 1, lengths)
+    sh0 = U64(shifts[0])
+    prefix = np.empty(PREFETCH_GROUP + lengths[K - 1] + 1, dtype=np.uint64)
+    g_hpart = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     while t < t1:
         g_end = min(t1, t + PREFETCH_GROUP)
-        for g in range(g_end - t):  # phase 1: hash the group, prefetch its first buckets
-            j = t + g + 1
-            part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-            b1, b2 = bucket_pair(c0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g], g_key[g] = part, b1, b2, key
+        hash_group(q, t + 1, g_end - t, r, lengths, pows, partition_bits, bits, shifts, prefix, g_key, g_hpart)
+        for g in range(g_end - t):  # phase 1: prefetch the group's first buckets
+            part = g_hpart[g]
+            b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
+            g_part[g], g_b1[g], g_b2[g] = part, b1, b2
             prefetch2(fill, part, b1)
             prefetch3(table, part, b1, 0)
             prefetch3(table, part, b1, 8)
-            if j < n:
-                roll(r, q, j, lengths, pows)
         for g in range(g_end - t):  # phase 2: cached results, else scan and count
             j = t + g + 1
             part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
@@ -506,18 +520,16 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     g_n2 = np.zeros(PREFETCH_GROUP, dtype=np.int64)
     sh0 = U64(shifts[0])
     low0 = (U64(1) << sh0) - U64(1)
-    n = q.shape[0]
-    init_states(r, q, t + 1, lengths)
+    prefix = np.empty(PREFETCH_GROUP + lengths[K - 1] + 1, dtype=np.uint64)
+    g_hpart = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     while t < t1:
         g_n = min(t1, t + PREFETCH_GROUP) - t
-        for g in range(g_n):  # phase 1: hash, prefetch the first bucket's summary
-            j = t + g + 1
-            part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-            b1, b2 = bucket_pair(c0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g], g_key[g] = part, b1, b2, key
+        hash_group(q, t + 1, g_n, r, lengths, pows, partition_bits, bits, shifts, prefix, g_key, g_hpart)
+        for g in range(g_n):  # phase 1: prefetch the first bucket's summary
+            part = np.int64(g_hpart[g])
+            b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
+            g_part[g], g_b1[g], g_b2[g] = part, b1, b2
             prefetch3(summary, part, b1, 0)
-            if j < n:
-                roll(r, q, j, lengths, pows)
         for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
             part, b1 = g_part[g], g_b1[g]
             sm = summary[part, b1]
