@@ -301,13 +301,16 @@ class HintIndex:
         with self._scratch_lock:
             self._scratch_free.append(scratch)
 
-    def lookup_counts(self, tokens):
-        """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n)."""
+    def lookup_counts(self, tokens, hints=False):
+        """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n);
+        with hints=True, Hints (purity and kind computed by each worker right after its range)."""
         q = as_tokens(tokens)
         K, n = self.geom.n_lengths, q.size
         tok = np.empty((K, n), dtype=np.int32)
         cnt = np.empty((K, n), dtype=np.int32)
         top = np.empty((K, n), dtype=np.int32)
+        purity = np.empty((K, n), dtype=np.float32) if hints else None
+        kind = np.empty((K, n), dtype=np.int16) if hints else None
         g = self.geom
         sealed, side = self.sealed, self._side
 
@@ -325,14 +328,17 @@ class HintIndex:
                         sc["cache_key"], sc["cache_val"])
             finally:
                 self._give_scratch(sc)
+            if hints:
+                _purity_kinds(t0, t1, cnt, top, purity, kind)
 
         run_split(look, n, self.workers)
+        if hints:
+            return Hints(token=tok, count=cnt, purity=purity, kind=kind)
         return tok, cnt, top
 
     def lookup(self, tokens):
         """Hints for every position t of a 1-D token array (n-gram tokens[t-L+1..t])."""
-        tok, cnt, top = self.lookup_counts(tokens)
-        return hints_from_counts(tok, cnt, top, self.workers)
+        return self.lookup_counts(tokens, hints=True)
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:
@@ -456,15 +462,6 @@ class HintIndex:
 
     def __repr__(self):
         return f"HintIndex({self.geom.describe()}, tokens={self.tokens_added:,}, stored={self.hints_stored:,}, dropped={self.dropped:,})"
-
-
-def hints_from_counts(tok, cnt, top, workers=1):
-    """Turn raw lookup counts into the public Hints arrays (purity and kind)."""
-    K, n = tok.shape
-    purity = np.empty((K, n), dtype=np.float32)
-    kind = np.empty((K, n), dtype=np.int16)
-    run_ranges(lambda t0, t1: _purity_kinds(t0, t1, cnt, top, purity, kind), n, workers)
-    return Hints(token=tok, count=cnt, purity=purity, kind=kind)
 
 
 @numba.njit(cache=True, nogil=True)
