@@ -115,6 +115,7 @@ def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, sta
                               eta_s=(max_tokens - idx.tokens_added) / tps if tps else None)
                 _write_status(status_path, status)
                 last = now
+        idx.seal()  # sorted buckets + side table: every rank's lookups search instead of scanning
         idx.save()
         dt = time.time() - t0
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,

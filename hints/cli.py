@@ -31,6 +31,10 @@ def cmd_build(args):
             idx.add(chunk)
             bar.update(chunk.size)
     dt = time.perf_counter() - t
+    if not args.no_seal:
+        t = time.perf_counter()
+        idx.seal()
+        print(f"sealed in {time.perf_counter() - t:.1f}s (side table: {idx.side_capacity:,} entries)")
     idx.save(args.out)
     s = idx.stats()
     print(f"built in {dt:.1f}s ({n / dt / 1e6:.1f}M tok/s): {s['hints_stored']:,} hints stored, "
@@ -134,6 +138,9 @@ def main(argv=None):
     p.add_argument("--geometry", default="auto", help="preset (" + ", ".join(PRESETS) + "), 'auto' (sized for the tokens) or 'P,B,S'")
     p.add_argument("--lengths", default="6,10,20", help="n-gram lengths, increasing")
     p.add_argument("--in-place", action="store_true", help="build directly in the --out file instead of in memory")
+    p.add_argument("--no-seal", action="store_true",
+                   help="save the index unsealed (default: seal it first: sorted buckets and a side table, "
+                        "for fast lookups; sealing adds about 1/22 of the table at 176 slots plus the side table)")
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("lookup", help="show the hints for a piece of text or a token range")

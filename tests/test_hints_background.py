@@ -58,9 +58,11 @@ def test_builds_same_index_as_in_process(shards):
         st = wait_for(b)
         assert st["state"] == "ready", st
         bg = b.open()
-        ref = HintIndex(GEOM).add(toks[:50_000])
-        assert bg.tokens_added == 50_000
+        ref = HintIndex(GEOM).add(toks[:50_000]).seal()  # the builder seals the finished index
+        assert bg.tokens_added == 50_000 and bg.sealed
         assert np.array_equal(np.asarray(bg.fill), ref.fill) and np.array_equal(np.asarray(bg.table), ref.table)
+        for a, b_ in zip(bg._side, ref._side):
+            assert np.array_equal(np.asarray(a), b_)
         other = BackgroundBuilder.attach(b.name)  # another rank's view
         assert other.ready() and other.open().tokens_added == 50_000
         other.close()  # an attached handle never removes the owner's files
