@@ -121,6 +121,7 @@ def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, sta
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,
                       tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt,
                       hints_stored=idx.hints_stored, dropped=idx.dropped)
+        del idx  # the keeper below holds no memory: the sealed arrays now live in the file
         _write_status(status_path, status)
         # stay as the files' keeper: if the trainer dies without close(), remove them
         while os.getppid() == parent_pid:
