@@ -3,9 +3,10 @@
 Machines here are shared and noisy, so every figure is measured `repeats` times (default 5),
 alternating between the things it is compared with (1 worker, N workers; plain Python and
 Numba), and reported as the median with the min-max spread. Claims are ratios of medians
-taken in the same run. A rate per worker is the rate divided by the workers; the CPU seconds
-the process used are recorded beside the wall time (`cpu_s`), so a run on a busy machine shows
-how much of its time it actually got.
+taken in the same run. A rate per worker is the rate divided by the workers. The CPU seconds
+the process used are recorded beside the wall time; their ratio, "cores used", shows what a
+figure actually got: on a busy machine 2 workers may get one core, and then their ratio to 1
+worker says nothing about scaling.
 
 Figures: the plain-Python builder and lookup (the denominators); the build from a token array
 (both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
@@ -114,14 +115,20 @@ class Figure:
     def median(self):
         return float(np.median(self.rates))
 
+    @property
+    def cores_used(self):
+        """Median CPU seconds per wall second: how many cores the figure actually got."""
+        return float(np.median(np.array(self.cpu) / np.array(self.wall)))
+
     def summary(self):
         r = self.rates
         return dict(name=self.name, unit=self.unit, workers=self.workers, median=self.median, min=float(r.min()),
-                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu)
+                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used)
 
     def text(self, scale=1e6, digits=1):
         r = self.rates / scale
-        return f"{np.median(r):.{digits}f}M {self.unit} [{r.min():.{digits}f}-{r.max():.{digits}f}]"
+        return (f"{np.median(r):.{digits}f}M {self.unit} [{r.min():.{digits}f}-{r.max():.{digits}f}], "
+                f"{self.cores_used:.2f} cores used")
 
 
 def bench_reference(train, query, ref_tokens, ref_query, repeats, log):
@@ -318,23 +325,24 @@ def format_table(res):
     """The README's Markdown table of one bench run: median [min-max] of each figure."""
     rows = []
     for key, f in res["figures"].items():
+        used = f"{f['cores_used']:.2f}"
         if key == "memcpy":
-            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s"))
+            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used))
             continue
         digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
         per = f" ({f['median'] / f['workers'] / 1e6:.{digits}f}M per worker)" if f["workers"] > 1 and key != "seal" else ""
         rows.append((f["name"], f"{f['median'] / 1e6:.{digits}f}M {f['unit']}{per}",
-                     f"{f['min'] / 1e6:.{digits}f}-{f['max'] / 1e6:.{digits}f}M"))
+                     f"{f['min'] / 1e6:.{digits}f}-{f['max'] / 1e6:.{digits}f}M", used))
     if "record_step" in res:
         r = res["record_step"]
         for name, key in (("record step: lookup + add (1 core)", "ms"), ("  of which lookup", "lookup_ms"),
                           ("  of which add", "add_ms")):
             v = np.array(r[key])
-            rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms"))
+            rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
     if "memory" in res:
         mem = res["memory"]
         rows.append(("peak build memory over baseline", f"{mem['peak_increase'] / MIB:.0f} MiB",
-                     f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB"))
-    out = [f"| measurement ({res['repeats']} repeats) | median | min-max |", "|---|---|---|"]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+                     f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB", ""))
+    out = [f"| measurement ({res['repeats']} repeats) | median | min-max | cores used |", "|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(out)
