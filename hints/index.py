@@ -89,8 +89,6 @@ def balance(sizes, workers):
         k = loads.index(min(loads))
         groups[k].append(int(p))
         loads[k] += int(sizes[p])
-    # each group in partition order: stage 2 reads counts[c, p] for every chunk c, and neighbouring
-    # partitions share those cache lines
     return [np.array(sorted(gr), dtype=np.int64) for gr in groups if gr]
 
 
@@ -164,7 +162,8 @@ class HintIndex:
         if self._stage is not None and self._stage["capacity"] >= n and self._stage["stage1_chunk"] == self.stage1_chunk:
             return self._stage
         g, w = self.geom, self.workers
-        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1  # full blocks + one partial per worker and partition
+        # full blocks + one partial per worker and partition, + a spare row stage 2 may read 7 slots into
+        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1
         n_chunks = -(-n // self.stage1_chunk)
         max_len = int(self._lengths.max())
         st = dict(
@@ -245,8 +244,9 @@ class HintIndex:
             t1 = time.perf_counter()
             heads = np.stack([ws["head"] for ws in st["workers"]])
             groups = balance(kernels.staged_sizes(heads, st["block_len"], st["block_next"]), w)
+            counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
             run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
-                groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts, self.table, self.fill,
+                groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table, self.fill,
                 g.bucket_bits, int(self._shifts[0]), self._dropped) for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
