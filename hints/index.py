@@ -162,8 +162,7 @@ class HintIndex:
         if self._stage is not None and self._stage["capacity"] >= n and self._stage["stage1_chunk"] == self.stage1_chunk:
             return self._stage
         g, w = self.geom, self.workers
-        # full blocks + one partial per worker and partition, + a spare row stage 2 may read 7 slots into
-        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1
+        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1  # full blocks + one partial per worker and partition
         n_chunks = -(-n // self.stage1_chunk)
         max_len = int(self._lengths.max())
         st = dict(

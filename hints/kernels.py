@@ -42,7 +42,6 @@ BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift b
 BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
 HASH_BLOCK = 256                        # positions hashed per vectorised block (L1-resident buffers)
 PLACE_AHEAD = 16                        # stage 2 prefetches the bucket of the slot this far ahead
-GATHER_RUN = 512                        # stage 2 gathers pieces shorter than this before placing them
 
 
 def _prefetch_codegen(context, builder, signature, args):
@@ -343,19 +342,12 @@ def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, ta
     """Place the staged slots of the partitions in `parts`, in stream order: chunk by chunk
     (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed chunk c; stage
     1's counts transposed, so a partition's are contiguous), or, with one worker (no chunks
-    recorded), along its chain.
-
-    With many partitions a chunk gives each only a few slots, so short pieces are gathered in
-    stream order into a buffer (8 slots copied at a time, whatever the count: no branch on
-    it) and placed together; long ones are placed where they lie."""
+    recorded), along its chain."""
     n_workers = heads.shape[0]
     slots = table.shape[2]
-    n_block = arena.shape[1]
     sh0 = U64(shift0)
     blk = np.empty(n_workers, dtype=np.int64)
     off = np.empty(n_workers, dtype=np.int64)
-    flat = arena.reshape(-1)
-    buf = np.empty(GATHER_RUN + BURST, dtype=np.uint64)
     for p in parts:
         drops = 0
         tp = table[p]
@@ -365,39 +357,24 @@ def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, ta
             while b >= 0:
                 drops += place_run(arena[b], 0, block_len[b], tp, fp, slots, bucket_bits, sh0)
                 b = block_next[b]
-            dropped[p] += drops
-            continue
-        for w in range(n_workers):
-            blk[w] = heads[w, p]
-            off[w] = 0
-        m = 0  # slots gathered in buf
-        for c in range(owner.shape[0]):
-            w = owner[c]
-            need = np.int64(counts_t[p, c])
-            while need > 0:
-                b = blk[w]
-                o = off[w]
-                take = min(need, block_len[b] - o)
-                if take < GATHER_RUN:
-                    if m + take > GATHER_RUN:
-                        drops += place_run(buf, 0, m, tp, fp, slots, bucket_bits, sh0)
-                        m = 0
-                    base = b * n_block + o
-                    for k in range(0, take, BURST):  # may copy up to 7 slots too many: overwritten next
-                        for i in range(BURST):
-                            buf[m + k + i] = flat[base + k + i]
-                    m += take
-                else:
-                    drops += place_run(buf, 0, m, tp, fp, slots, bucket_bits, sh0)
-                    m = 0
+        else:
+            for w in range(n_workers):
+                blk[w] = heads[w, p]
+                off[w] = 0
+            for c in range(owner.shape[0]):
+                w = owner[c]
+                need = np.int64(counts_t[p, c])
+                while need > 0:
+                    b = blk[w]
+                    o = off[w]
+                    take = min(need, block_len[b] - o)
                     drops += place_run(arena[b], o, o + take, tp, fp, slots, bucket_bits, sh0)
-                need -= take
-                o += take
-                if o == block_len[b]:
-                    blk[w] = block_next[b]
-                    o = 0
-                off[w] = o
-        drops += place_run(buf, 0, m, tp, fp, slots, bucket_bits, sh0)
+                    need -= take
+                    o += take
+                    if o == block_len[b]:
+                        blk[w] = block_next[b]
+                        o = 0
+                    off[w] = o
         dropped[p] += drops
 
 
