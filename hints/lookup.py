@@ -70,6 +70,7 @@ SIDE_LOAD = 2                                # side-table capacity >= 2 x entrie
 FENCE_SHIFT = U64(64 - 16)
 SUMMARY_ALIGN = 32  # uint16 words per 64-byte line
 LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer ones binary-searched
+INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
 
 
 def summary_words(slots):
@@ -356,8 +357,17 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
         if first_pass:
             for b in range(n_buckets):
                 f = np.int64(fp[b])
-                if f > 1:
+                if f > INSERTION_SORT_MAX:
                     tp[b, :f].sort()
+                else:
+                    row = tp[b]
+                    for i in range(1, f):
+                        v = row[i]
+                        j = i - 1
+                        while j >= 0 and row[j] > v:
+                            row[j + 1] = row[j]
+                            j -= 1
+                        row[j + 1] = v
                 sm = summary[p, b]
                 sm[:] = 0
                 sm[0] = f
@@ -372,7 +382,14 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
             a = 0
             while a < f:
                 c0 = row[a] >> sh0
-                e = upper_bound(row, a, f - a, (c0 << sh0) | low0)
+                e = a + 1
+                while e < f and e - a < SIDE_MIN_COUNT and (row[e] >> sh0) == c0:  # most runs are short
+                    e += 1
+                if e - a == SIDE_MIN_COUNT:
+                    e = upper_bound(row, e, f - e, (c0 << sh0) | low0)
+                if f < S and e - a < SIDE_MIN_COUNT:  # all of a short run is here: no entry
+                    a = e
+                    continue
                 b1, b2 = bucket_pair(c0, bucket_bits)
                 if np.int64(b1) == b:  # an n-gram's slots are read from its first bucket (and its second)
                     n2, lo2 = 0, 0
