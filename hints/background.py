@@ -80,7 +80,7 @@ def _alive(pid):
         return True
 
 
-def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, status_path, parent_pid):
+def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, status_path, parent_pid, seal=True):
     """Entry point of the builder process (`python -m hints.background SPEC_JSON`)."""
     def cleanup_and_exit(signum, frame):
         for p in (idx_path, status_path):
@@ -115,7 +115,10 @@ def _build_main(train_files, max_tokens, geom_dict, workers, cpus, idx_path, sta
                               eta_s=(max_tokens - idx.tokens_added) / tps if tps else None)
                 _write_status(status_path, status)
                 last = now
-        idx.seal()  # sorted buckets + side table: every rank's lookups search instead of scanning
+        if seal:  # sorted buckets + side table: every rank's lookups search instead of scanning
+            t_seal = time.time()
+            idx.seal()
+            status.update(seal_seconds=time.time() - t_seal)
         idx.save()
         dt = time.time() - t0
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,
@@ -147,7 +150,7 @@ class BackgroundBuilder:
     """Build an index of the first max_tokens training tokens in a separate process."""
 
     def __init__(self, train_files, max_tokens, geometry=None, workers=None, name=None, cpus=None,
-                 reserve_cpus=0, log=print):
+                 reserve_cpus=0, log=print, seal=True):
         available = count_tokens(train_files)
         self.max_tokens = parse_token_count(max_tokens)
         if available < self.max_tokens:
@@ -157,6 +160,7 @@ class BackgroundBuilder:
         self.cpus = list(cpus) if cpus is not None else default_cpus(reserve_cpus)
         self.workers = int(workers or len(self.cpus))
         self.train_files = train_files
+        self.seal = bool(seal)  # seal the finished index (faster lookups; costs an O(table) pass before "ready")
         self.name = name or f"{os.getpid()}-{int(time.time())}"
         self.idx_path, self.status_path = paths(self.name)
         self.log = log
@@ -167,7 +171,7 @@ class BackgroundBuilder:
         self.geometry.check_fits_memory(what="background hint index (shared memory)")
         spec = dict(train_files=self.train_files, max_tokens=self.max_tokens, geom_dict=self.geometry.to_dict(),
                     workers=self.workers, cpus=self.cpus, idx_path=self.idx_path, status_path=self.status_path,
-                    parent_pid=os.getpid())
+                    parent_pid=os.getpid(), seal=self.seal)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         # a fresh interpreter, not a fork: the trainer holds CUDA state and threads
         self.process = subprocess.Popen([sys.executable, "-m", "hints.background", json.dumps(spec)], env=env)

@@ -72,6 +72,21 @@ def test_builds_same_index_as_in_process(shards):
     assert leftovers(b.name) == []
 
 
+def test_unsealed_builder_leaves_the_build_order(shards):
+    pattern, toks = shards
+    b = BackgroundBuilder(pattern, 20_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}u", log=lambda *a: None,
+                          seal=False)
+    try:
+        b.start()
+        assert wait_for(b)["state"] == "ready"
+        bg = b.open()
+        ref = HintIndex(GEOM).add(toks[:20_000])
+        assert not bg.sealed and np.array_equal(np.asarray(bg.table), ref.table)
+    finally:
+        b.close()
+    assert leftovers(b.name) == []
+
+
 def test_killed_builder_reports_failure_and_cleans_up(shards):
     pattern, _ = shards
     b = BackgroundBuilder(pattern, 60_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}b", log=lambda *a: None)
