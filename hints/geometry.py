@@ -30,6 +30,9 @@ SLOTS_PER_LINE = 8        # 8 slots x 8 bytes = one 64-byte cache line; S must b
 # 6-bit field, and the lookup kernels keep one query key per length in MAX_LENGTHS lanes.
 MAX_LENGTHS = 4
 LEVEL_BITS = MAX_LENGTHS.bit_length()  # bits of "lengths matched" (0..MAX_LENGTHS) kernels pack beside a token
+MAX_PARTITION_BITS = 20   # 2^20 partitions: lookup caches pack a partition id into 20 bits
+FILL_BITS = 16            # a bucket's fill is a uint16 ...
+MAX_SLOTS = (1 << FILL_BITS) - SLOTS_PER_LINE  # ... so at most 65528 slots (a multiple of 8)
 
 # Checksum bits per length, shortest first, for each count of lengths 1..MAX_LENGTHS. The
 # shortest gets the most: a collision there gives a wrong hint, a collision of a longer
@@ -86,12 +89,12 @@ class Geometry:
     def __post_init__(self):
         object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
         p, b, s, lengths = self.partition_bits, self.bucket_bits, self.slots, self.lengths
-        if not (0 <= p <= 20):
-            raise ValueError(f"partition_bits={p}: expected 0..20")
+        if not (0 <= p <= MAX_PARTITION_BITS):
+            raise ValueError(f"partition_bits={p}: expected 0..{MAX_PARTITION_BITS}")
         if not (1 <= b <= 24):
             raise ValueError(f"bucket_bits={b}: expected 1..24 (buckets come from the shortest length's checksum)")
-        if s <= 0 or s % SLOTS_PER_LINE or s > 65528:
-            raise ValueError(f"slots={s}: expected a positive multiple of {SLOTS_PER_LINE} (one 64-byte line) up to 65528")
+        if s <= 0 or s % SLOTS_PER_LINE or s > MAX_SLOTS:
+            raise ValueError(f"slots={s}: expected a positive multiple of {SLOTS_PER_LINE} (one 64-byte line) up to {MAX_SLOTS}")
         if not 1 <= len(lengths) <= MAX_LENGTHS:
             raise ValueError(f"lengths={lengths}: expected 1 to {MAX_LENGTHS} n-gram lengths")
         if lengths[0] < 1 or any(a >= b_ for a, b_ in zip(lengths, lengths[1:])):

@@ -29,7 +29,8 @@ top token) in a per-partition open-addressing table (linear probing, at most hal
 import numba
 import numpy as np
 
-from .geometry import CHECKSUM_TOTAL_BITS, LEVEL_BITS, MAX_LENGTHS, SLOTS_PER_LINE, TOKEN_BITS
+from .geometry import (CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, FILL_BITS, LEVEL_BITS, MAX_LENGTHS, MAX_PARTITION_BITS, SLOTS_PER_LINE,
+                       TOKEN_BITS)
 from .kernels import (FMIX_C1, HASH_MULT, bucket_pair, cttz, fmix64, hash_block, init_states, prefetch2, prefetch3,
                       roll, slot_key)
 
@@ -47,15 +48,17 @@ PREFETCH_GROUP = 32                     # lookups hashed and prefetched together
 CACHE_BITS = 12
 CACHE_MIN_SCAN = 64
 CACHE_VALID = U64(1) << U64(63)
-# An entry's tag packs the partition (Geometry allows up to 20 bits) and the two fills (16
-# bits each, slots <= 65528) it was counted from.
-TAG_FILL1_SHIFT = U64(20)
-TAG_FILL2_SHIFT = U64(36)
-# A cached value packs the top token (16 bits), the n-gram count and the top's count (24
-# bits each: a count is at most two buckets of <= 65528 slots).
-VAL_COUNT_SHIFT = U64(16)
-VAL_TOP_SHIFT = U64(40)
-VAL_COUNT_MASK = U64((1 << 24) - 1)
+# An entry's tag packs the partition (MAX_PARTITION_BITS) and the two fills (FILL_BITS each)
+# it was counted from, below the valid bit.
+TAG_FILL1_SHIFT = U64(MAX_PARTITION_BITS)
+TAG_FILL2_SHIFT = U64(MAX_PARTITION_BITS + FILL_BITS)
+# A cached value packs the top token, the n-gram count and the top's count (COUNT_BITS each:
+# a count is at most two buckets' worth of slots).
+COUNT_BITS = FILL_BITS + 1
+VAL_COUNT_SHIFT = U64(TOKEN_BITS)
+VAL_TOP_SHIFT = U64(TOKEN_BITS + COUNT_BITS)
+VAL_COUNT_MASK = U64((1 << COUNT_BITS) - 1)
+assert MAX_PARTITION_BITS + 2 * FILL_BITS < 63 and TOKEN_BITS + 2 * COUNT_BITS <= 64
 
 # Sealed index: n-grams with at least this many slots get a side-table entry. At 16 a
 # counted run is at most two cache lines of slots; the side table holds at most
@@ -67,7 +70,9 @@ SIDE_LOAD = 2                                # side-table capacity >= 2 x entrie
 # Sealed bucket summary: one uint16 row per bucket, [fill, fence of line 0, line 1, ...], where
 # a line's fence is the top 16 bits of its first slot (the top of the shortest length's
 # checksum). Rows are padded to whole 64-byte lines: one line for up to 31 slot lines (S <= 248).
-FENCE_SHIFT = U64(64 - 16)
+FENCE_BITS = 16
+FENCE_SHIFT = U64(64 - FENCE_BITS)
+assert min(b[0] for b in CHECKSUM_BITS.values()) >= FENCE_BITS  # a fence is part of the shortest length's checksum
 SUMMARY_ALIGN = 32  # uint16 words per 64-byte line
 LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer ones binary-searched
 INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
@@ -441,7 +446,7 @@ def fence_lines(sm, x):
     below = 0
     at_most = 0
     for i in range(1, sm.shape[0]):
-        v = np.int64(sm[i]) if i <= n_lines else np.int64(1 << 16)  # past the fill: above any top
+        v = np.int64(sm[i]) if i <= n_lines else np.int64(1 << FENCE_BITS)  # past the fill: above any top
         below += np.int64(v < top)
         at_most += np.int64(v <= top)
     return below, at_most
