@@ -136,11 +136,16 @@ def _build_main(spec):
                               eta_s=(max_tokens - idx.tokens_added) / tps if tps else None)
                 write_status(status_fd, status)
                 last = now
+        if spec["seal"]:  # sorted buckets + side table: every rank's lookups search instead of scanning
+            t_seal = time.time()
+            idx.seal()
+            status.update(seal_seconds=time.time() - t_seal)
         idx.save()
         dt = time.time() - t0
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,
                       tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt,
                       hints_stored=idx.hints_stored, dropped=idx.dropped)
+        del idx  # the sealed arrays now live in the memfd; this process keeps no copy
         write_status(status_fd, status)
     except BaseException as e:  # report every failure; the trainer goes on without this index
         os.ftruncate(index_fd, 0)  # a half-built index is of no use: give its memory back now
@@ -163,7 +168,7 @@ class BackgroundBuilder:
     """
 
     def __init__(self, train_files, max_tokens, geometry=None, lengths=DEFAULT_LENGTHS, workers=None, name=None,
-                 cpus=None, reserve_cpus=0, log=print):
+                 cpus=None, reserve_cpus=0, log=print, seal=True):
         available = count_tokens(train_files)
         self.max_tokens = parse_token_count(max_tokens)
         if available < self.max_tokens:
@@ -173,6 +178,7 @@ class BackgroundBuilder:
         self.cpus = list(cpus) if cpus is not None else default_cpus(reserve_cpus)
         self.workers = int(workers or len(self.cpus))
         self.train_files = train_files
+        self.seal = bool(seal)  # seal the finished index (faster lookups; costs an O(table) pass before "ready")
         self.name = name or f"{os.getpid()}-{int(time.time())}"
         self.address = socket_address(self.name)
         self.log = log
@@ -199,7 +205,7 @@ class BackgroundBuilder:
         threading.Thread(target=self._serve, name=f"hints-{self.name}", daemon=True).start()
         spec = dict(train_files=self.train_files, max_tokens=self.max_tokens, geometry=self.geometry.to_dict(),
                     workers=self.workers, cpus=self.cpus, index_fd=index_fd, status_fd=status_fd,
-                    parent_pid=os.getpid())
+                    parent_pid=os.getpid(), seal=self.seal)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         # a fresh interpreter, not a fork: the trainer holds CUDA state and threads
         self.process = subprocess.Popen([sys.executable, "-m", "hints.background"], stdin=subprocess.PIPE,

@@ -1,10 +1,21 @@
-"""`python -m hints bench`: build and lookup speed against the plain-Python reference, in one run.
+"""`python -m hints bench`: build, seal and lookup speed against the plain-Python reference.
 
-Machines here are shared and noisy, so every claim is a ratio of timings taken in the same
-run: Numba build (1 worker, N workers) over the plain-Python builder, N workers over 1,
-and lookup positions/s per core. Each Numba timing is the best of REPEATS runs, alternated
-between worker counts. Peak build memory is measured in a fresh child process.
+Machines here are shared and noisy, so every figure is measured `repeats` times (default 5),
+alternating between the things it is compared with (1 worker, N workers; plain Python and
+Numba), and reported as the median with the min-max spread. Claims are ratios of medians
+taken in the same run. A rate per worker is the rate divided by the workers. The CPU seconds
+the process used are recorded beside the wall time; their ratio, "cores used", shows what a
+figure actually got: on a busy machine 2 workers may get one core, and then their ratio to 1
+worker says nothing about scaling.
+
+Figures: the plain-Python builder and lookup (the denominators); the build from a token array
+(both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
+shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
+a sealed one; with --record-step, the training-time hint work of one rank per step at the
+record's shape; one core's memcpy bandwidth, and from it and the from-shards rate a projection
+of the record's 37B-token build. Peak build memory is measured once in a fresh child process.
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,11 +28,31 @@ import numpy as np
 from .geometry import Geometry
 from .index import HintIndex
 from .reference import ReferenceIndex
+from .tokens import iter_chunks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPEATS = 3
+REPEATS = 5
 MIB = 1 << 20
 MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
+MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
+# The record's training-time hint work per step and rank (docs/design.md, "Performance"): look up
+# the rank's 32,768 positions, add the 262,144-token global batch, into an index sized for the
+# 70.8M tokens of the run, with 12M in.
+RECORD_LOOKUP = 32_768
+RECORD_ADD = 262_144
+RECORD_INDEX_TOKENS = 70_800_000
+RECORD_PREFILL = 12_000_000
+# The record's builder node (docs/design.md): 37B tokens on 2 x 56 cores, ~600 GB/s of memory bandwidth.
+NODE_TOKENS = 37e9
+NODE_CORES = 112
+NODE_BANDWIDTH = 600e9
+# Bytes one token moves through DRAM in a build at the record's geometry, where a worker's
+# partition (2^14 buckets x 176 slots x 8 B = 22.5 MiB) is far larger than its share of cache:
+#   read: token from the shard (2) + copy into the stream buffer (2 + 2)                =   6
+#   stage 1: slot written to its staging block (8) + the line read for ownership (8)       =  16
+#   stage 2: slot read back (8) + its bucket's line read and written back (64 + 64)        = 136
+# (burst lines keep stage 1's scatter in L2; stage 2 writes one slot into a random line).
+BYTES_PER_TOKEN = 6 + 16 + 136
 
 
 def _peak_rss():
@@ -55,79 +86,264 @@ def measure_memory(geom, tokens, workers):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _time(fn):
-    t = time.perf_counter()
+def timed(fn):
+    """(wall seconds, process CPU seconds, fn's result)."""
+    w, c = time.perf_counter(), time.process_time()
     out = fn()
-    return time.perf_counter() - t, out
+    return time.perf_counter() - w, time.process_time() - c, out
 
 
-def run_bench(train, query, geom=None, workers=2, ref_tokens=200_000, ref_query=20_000, log=print):
-    """Benchmark on a training stream `train` and a query stream `query` (uint16 arrays)."""
+@dataclasses.dataclass
+class Figure:
+    """One measured rate, repeated: what it is, its unit and the per-repeat values."""
+
+    name: str
+    unit: str
+    work: float                                  # units of work per repeat (tokens, positions)
+    workers: int = 1
+    wall: list = dataclasses.field(default_factory=list)
+    cpu: list = dataclasses.field(default_factory=list)
+
+    def add(self, wall, cpu):
+        self.wall.append(wall)
+        self.cpu.append(cpu)
+
+    @property
+    def rates(self):
+        return np.array([self.work / w for w in self.wall])
+
+    @property
+    def median(self):
+        return float(np.median(self.rates))
+
+    @property
+    def cores_used(self):
+        """Median CPU seconds per wall second: how many cores the figure actually got."""
+        return float(np.median(np.array(self.cpu) / np.array(self.wall)))
+
+    def summary(self):
+        r = self.rates
+        return dict(name=self.name, unit=self.unit, workers=self.workers, median=self.median, min=float(r.min()),
+                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used)
+
+    def text(self, scale=1e6, digits=1):
+        r = self.rates / scale
+        return (f"{np.median(r):.{digits}f}M {self.unit} [{r.min():.{digits}f}-{r.max():.{digits}f}], "
+                f"{self.cores_used:.2f} cores used")
+
+
+def bench_reference(train, query, ref_tokens, ref_query, repeats, log):
+    build = Figure("plain-Python reference build", "tok/s", min(ref_tokens, train.size))
+    look = Figure("plain-Python reference lookup", "pos/s", min(ref_query, query.size))
+    for _ in range(repeats):
+        ref = ReferenceIndex()
+        build.add(*timed(lambda: ref.add(train[:ref_tokens]))[:2])
+        look.add(*timed(lambda: ref.lookup(query[:ref_query]))[:2])
+    log(f"  plain Python: build {build.text(digits=3)}, lookup {look.text(digits=3)}")
+    return build, look
+
+
+def bench_build(train, geom, workers, repeats, log, label=""):
+    """Build figures for 1 and `workers` workers, alternated; returns (figures, stage seconds, last index)."""
+    figs = {w: Figure(f"build{label}, {w} worker(s)", "tok/s", train.size, w) for w in sorted({1, workers})}
+    stages = {w: [] for w in figs}
+    idx = None
+    for _ in range(repeats):
+        for w in figs:
+            idx = None
+            idx = HintIndex(geom, workers=w).reserve(train.size)  # table + staging, timed apart
+            figs[w].add(*timed(lambda: idx.add(train))[:2])
+            stages[w].append(dict(idx.build_seconds))
+    for w, f in figs.items():
+        s1 = np.median([s["stage1"] for s in stages[w]])
+        s2 = np.median([s["stage2"] for s in stages[w]])
+        log(f"  build{label}, {w} worker(s): {f.text()} ({f.median / w / 1e6:.1f}M per worker; "
+            f"stage 1 {s1:.3f}s, stage 2 {s2:.3f}s, medians)")
+    return figs, stages, idx
+
+
+def bench_shards(pattern, n_tokens, geom, workers, repeats, log):
+    """The background build end to end: read .bin shards chunk by chunk and add them."""
+    figs = {w: Figure(f"build from shards, {w} worker(s)", "tok/s", n_tokens, w) for w in sorted({1, workers})}
+
+    def build(w):
+        idx = HintIndex(geom, workers=w).reserve(n_tokens)
+        return timed(lambda: [idx.add(c) for c in iter_chunks(pattern, n_tokens)])[:2]
+
+    for _ in range(repeats):
+        for w in figs:
+            figs[w].add(*build(w))
+    for w, f in figs.items():
+        log(f"  build from .bin shards (read + stage 1 + stage 2), {w} worker(s): {f.text()} "
+            f"({f.median / w / 1e6:.1f}M per worker)")
+    return figs
+
+
+def bench_lookup(idx, query, workers, repeats, label, log):
+    figs = {w: Figure(f"lookup {label}, {w} worker(s)", "pos/s", query.size, w) for w in sorted({1, workers})}
+    for _ in range(repeats):
+        for w in figs:
+            idx.workers = w
+            idx._scratch_free = []  # a cold result cache every repeat: no repeat reuses another's results
+            figs[w].add(*timed(lambda: idx.lookup(query))[:2])
+    for w, f in figs.items():
+        log(f"  lookup {label}, {w} worker(s): {f.text(digits=2)} ({f.median / w / 1e6:.2f}M per core)")
+    return figs
+
+
+def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
+    """One rank's training-time hint work per step at the record's shape: lookup(RECORD_LOOKUP)
+    of the coming positions, then add(RECORD_ADD), into a growing index sized for
+    RECORD_INDEX_TOKENS with RECORD_PREFILL tokens in (less when the stream is short)."""
+    geom = Geometry.for_tokens(RECORD_INDEX_TOKENS, lengths=lengths)
+    prefill = max(0, min(RECORD_PREFILL, stream.size - (repeats + 1) * RECORD_ADD))
+    if stream.size < prefill + (repeats + 1) * RECORD_ADD:
+        raise ValueError(f"--record-step: needs at least {(repeats + 1) * RECORD_ADD:,} tokens, the stream has {stream.size:,}")
+    idx = HintIndex(geom, workers=1).reserve(RECORD_ADD)
+    idx.add(stream[:prefill])
+    step = Figure("record step: lookup + add", "steps/s", 1)
+    look = Figure(f"record step: lookup of {RECORD_LOOKUP:,}", "pos/s", RECORD_LOOKUP)
+    add = Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD)
+    pos = prefill
+    for i in range(repeats + 1):  # the first step is a warm-up (first-touch of scratch, caches)
+        wl, cl, _ = timed(lambda: idx.lookup(stream[pos:pos + RECORD_LOOKUP]))
+        wa, ca, _ = timed(lambda: idx.add(stream[pos:pos + RECORD_ADD]))
+        pos += RECORD_ADD
+        if i:
+            look.add(wl, cl)
+            add.add(wa, ca)
+            step.add(wl + wa, cl + ca)
+    ms = 1e3 / step.rates
+    log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 worker): "
+        f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(look.wall):.2f} ms "
+        f"+ add {1e3 * np.median(add.wall):.2f} ms (medians)")
+    return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add)
+
+
+def memcpy_bandwidth(log, nbytes=256 * MIB, repeats=REPEATS):
+    """One core's copy bandwidth (bytes read + written per second), median of repeats."""
+    a = np.ones(nbytes // 8, dtype=np.uint64)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    fig = Figure("memcpy, 1 core (read + write)", "B/s", 2 * nbytes)
+    for _ in range(repeats):
+        fig.add(*timed(lambda: np.copyto(b, a))[:2])
+    log(f"  memcpy, 1 core: {fig.median / 1e9:.1f} GB/s read + written [{fig.rates.min() / 1e9:.1f}-{fig.rates.max() / 1e9:.1f}]")
+    return fig
+
+
+def projection(rate_per_core, log, tokens=NODE_TOKENS, cores=NODE_CORES, bandwidth=NODE_BANDWIDTH,
+               bytes_per_token=BYTES_PER_TOKEN):
+    """Seconds to build `tokens` on the record's node: bounded by the cores (the measured
+    per-core rate) and by memory bandwidth (bytes moved per token); the larger one binds."""
+    cores_s = tokens / (cores * rate_per_core)
+    memory_s = tokens * bytes_per_token / bandwidth
+    bound = "memory bandwidth" if memory_s > cores_s else "cores"
+    log(f"projection: {tokens / 1e9:.0f}B tokens on {cores} cores at {rate_per_core / 1e6:.1f}M tok/s per core = "
+        f"{cores_s:.1f}s; {bytes_per_token} B/token at {bandwidth / 1e9:.0f} GB/s = {memory_s:.1f}s; {bound} binds: "
+        f"~{max(cores_s, memory_s):.0f}s")
+    return dict(tokens=tokens, cores=cores, bandwidth=bandwidth, bytes_per_token=bytes_per_token,
+                rate_per_core=rate_per_core, cores_s=cores_s, memory_s=memory_s, bound=bound)
+
+
+def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=200_000, ref_query=10_000,
+              shards=None, record_step=False, memory=True, log=print):
+    """Benchmark on a training stream `train` and a query stream `query` (uint16 arrays);
+    `shards` (a .bin glob of the same stream) adds the from-shards build."""
     geom = geom or Geometry.for_tokens(train.size)
-    log(f"bench: {train.size:,} training tokens, {query.size:,} query positions, geometry {geom.describe()}")
+    log(f"bench: {train.size:,} training tokens, {query.size:,} query positions, geometry {geom.describe()}, "
+        f"{repeats} repeats (median [min-max])")
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(train[:1000]).lookup(query[:1000])  # load compiled kernels
+    HintIndex(Geometry(2, 4, 8, geom.lengths)).add(train[:1000]).seal().lookup(query[:1000])
+    figs = {}
+    ref_build, ref_look = bench_reference(train, query, ref_tokens, ref_query, repeats, log)
+    figs.update(ref_build=ref_build, ref_lookup=ref_look)
 
-    ref = ReferenceIndex(geom.lengths)
-    t_ref, _ = _time(lambda: ref.add(train[:ref_tokens]))
-    t_ref_q, _ = _time(lambda: ref.lookup(query[:ref_query]))
+    build, stages, idx = bench_build(train, geom, workers, repeats, log)
+    for w, f in build.items():
+        figs[f"build_{w}w"] = f
+    many = dataclasses.replace(geom, partition_bits=MANY_PARTITIONS,
+                               bucket_bits=max(1, geom.partition_bits + geom.bucket_bits - MANY_PARTITIONS))
+    build_many, stages_many, _ = bench_build(train, many, workers, repeats, log, label=f" at {many.n_partitions:,} partitions")
+    for w, f in build_many.items():
+        figs[f"build_many_{w}w"] = f
+    if shards:
+        for w, f in bench_shards(shards, train.size, geom, workers, repeats, log).items():
+            figs[f"shards_{w}w"] = f
+
+    seal = Figure("seal", "tok/s", train.size, workers)
+    sealed = None
+    for _ in range(repeats):
+        sealed = None
+        sealed = HintIndex(geom, workers=workers).add(train)
+        seal.add(*timed(sealed.seal)[:2])
+    figs["seal"] = seal
+    log(f"  seal ({workers} workers): {seal.text()} of tokens built; side table {sealed.side_capacity:,} entries "
+        f"({sealed._side[2].nbytes / MIB:.1f} MiB), summaries {sealed._side[0].nbytes / MIB:.1f} MiB")
+
+    for w, f in bench_lookup(idx, query, workers, repeats, "scan (growing index)", log).items():
+        figs[f"lookup_scan_{w}w"] = f
+    for w, f in bench_lookup(sealed, query, workers, repeats, "sealed", log).items():
+        figs[f"lookup_sealed_{w}w"] = f
+
     res = dict(geometry=geom.to_dict(), train_tokens=int(train.size), query_tokens=int(query.size), workers=workers,
-               ref_build_tps=min(ref_tokens, train.size) / t_ref, ref_lookup_pps=min(ref_query, query.size) / t_ref_q)
-    log(f"  plain-Python reference: build {res['ref_build_tps'] / 1e6:.3f}M tok/s, lookup {res['ref_lookup_pps'] / 1e6:.3f}M pos/s")
+               repeats=repeats, dropped=idx.dropped, hints_stored=idx.hints_stored,
+               load=idx.hints_stored / geom.n_slots, side_capacity=sealed.side_capacity,
+               stages={w: v for w, v in stages.items()}, stages_many={w: v for w, v in stages_many.items()},
+               figures={k: f.summary() for k, f in figs.items()})
+    if record_step:
+        rec = bench_record_step(train, repeats, log, geom.lengths)
+        res["record_step"] = dict(geometry=rec["geometry"], prefill=rec["prefill"],
+                                  ms=[1e3 * w for w in rec["step"].wall], lookup_ms=[1e3 * w for w in rec["lookup"].wall],
+                                  add_ms=[1e3 * w for w in rec["add"].wall])
+    if memory:
+        mem = measure_memory(geom, train, workers)
+        res.update(memory=mem)
+        budget = mem["index_bytes"] + mem["staging_bytes"] + MEMORY_SLACK
+        log(f"  peak build memory: +{mem['peak_increase'] / MIB:.0f} MiB (index {mem['index_bytes'] / MIB:.0f} MiB + "
+            f"staging {mem['staging_bytes'] / MIB:.0f} MiB + 256 MiB = {budget / MIB:.0f} MiB budget)")
 
-    build, alloc, stages, idx = {}, {}, {}, None
-    for w in [1, workers] * REPEATS:
-        t_alloc, idx = _time(lambda: HintIndex(geom, workers=w).reserve(train.size))  # table + staging
-        t_build, _ = _time(lambda: idx.add(train))
-        if t_build < build.get(w, np.inf):
-            build[w], alloc[w], stages[w] = t_build, t_alloc, dict(idx.build_seconds)
-    for w in sorted(build):
-        tps = train.size / build[w]
-        res[f"build_tps_{w}w"] = tps
-        res[f"build_with_alloc_tps_{w}w"] = train.size / (build[w] + alloc[w])
-        res[f"stage1_share_{w}w"] = stages[w]["stage1"] / build[w]
-        log(f"  build, {w} worker(s): {tps / 1e6:.1f}M tok/s ({tps / w / 1e6:.1f}M per worker; stage 1 "
-            f"{stages[w]['stage1']:.2f}s, stage 2 {stages[w]['stage2']:.2f}s; with allocation+prefault "
-            f"{res[f'build_with_alloc_tps_{w}w'] / 1e6:.1f}M tok/s)")
-    res.update(dropped=idx.dropped, hints_stored=idx.hints_stored, load=idx.hints_stored / geom.n_slots)
-
-    look = {}
-    for w in [1, workers] * REPEATS:
-        idx.workers = w
-        t, _ = _time(lambda: idx.lookup(query))
-        look[w] = min(look.get(w, np.inf), t)
-    for w in sorted(look):
-        res[f"lookup_pps_{w}w"] = query.size / look[w]
-        log(f"  lookup, {w} worker(s): {query.size / look[w] / 1e6:.2f}M pos/s ({query.size / look[w] / w / 1e6:.2f}M per core)")
-
-    mem = measure_memory(geom, train, workers)
-    res.update(memory=mem)
-    budget = mem["index_bytes"] + mem["staging_bytes"] + MEMORY_SLACK
-    log(f"  peak build memory: +{mem['peak_increase'] / MIB:.0f} MiB (index {mem['index_bytes'] / MIB:.0f} MiB + "
-        f"staging {mem['staging_bytes'] / MIB:.0f} MiB + 256 MiB = {budget / MIB:.0f} MiB budget; "
-        f"staging {mem['staging_bytes'] / (8 * min(train.size, idx.chunk_tokens)):.2f} x 8 B per staged token)")
-
-    res["ratio_build_1w_vs_ref"] = res["build_tps_1w"] / res["ref_build_tps"]
-    res[f"ratio_build_{workers}w_vs_1w"] = res[f"build_tps_{workers}w"] / res["build_tps_1w"]
-    res["ratio_lookup_1w_vs_ref"] = res["lookup_pps_1w"] / res["ref_lookup_pps"]
-    log(f"ratios: build 1 worker / plain Python = {res['ratio_build_1w_vs_ref']:.0f}x; "
-        f"build {workers} workers / 1 = {res[f'ratio_build_{workers}w_vs_1w']:.2f}x; "
-        f"lookup 1 worker / plain Python = {res['ratio_lookup_1w_vs_ref']:.0f}x")
+    ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
+                  lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
+    for key in ("build", "build_many", "shards"):
+        if f"{key}_{workers}w" in figs and workers > 1:
+            runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(figs[f"{key}_1w"].rates)
+            ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
+            ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
+    res["ratios"] = ratios
+    figs["memcpy"] = memcpy_bandwidth(log, repeats=repeats)
+    res["figures"]["memcpy"] = figs["memcpy"].summary()
+    per_core = figs["shards_1w"].median if "shards_1w" in figs else figs["build_1w"].median
+    res["projection"] = projection(per_core, log)
+    log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
+        ratios["build_1w_vs_ref"], ratios["lookup_sealed_1w_vs_ref"]) + "".join(
+        f"; {k.replace('_', ' ')} = {ratios[k]:.2f}x (min over repeats {ratios[k + '_min']:.2f}x)"
+        for k in ratios if k.endswith("vs_1w")))
     return res
 
 
 def format_table(res):
-    """The README's Markdown table of one bench run."""
-    w = res["workers"]
-    rows = [
-        ("plain-Python reference build", f"{res['ref_build_tps'] / 1e6:.3f}M tok/s", "1x"),
-        ("build, 1 worker (both stages)", f"{res['build_tps_1w'] / 1e6:.1f}M tok/s", f"{res['ratio_build_1w_vs_ref']:.0f}x reference"),
-        (f"build, {w} workers", f"{res[f'build_tps_{w}w'] / 1e6:.1f}M tok/s", f"{res[f'ratio_build_{w}w_vs_1w']:.2f}x 1 worker"),
-        ("lookup, 1 worker (3 lengths)", f"{res['lookup_pps_1w'] / 1e6:.2f}M pos/s", f"{res['ratio_lookup_1w_vs_ref']:.0f}x reference"),
-        (f"lookup, {w} workers", f"{res[f'lookup_pps_{w}w'] / 1e6:.2f}M pos/s", f"{res[f'lookup_pps_{w}w'] / res['lookup_pps_1w']:.2f}x 1 worker"),
-    ]
-    mem = res["memory"]
-    rows.append(("peak build memory over baseline", f"{mem['peak_increase'] / MIB:.0f} MiB",
-                 f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB"))
-    out = ["| measurement | value | ratio |", "|---|---|---|"]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    """The README's Markdown table of one bench run: median [min-max] of each figure."""
+    rows = []
+    for key, f in res["figures"].items():
+        used = f"{f['cores_used']:.2f}"
+        if key == "memcpy":
+            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used))
+            continue
+        digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
+        per = f" ({f['median'] / f['workers'] / 1e6:.{digits}f}M per worker)" if f["workers"] > 1 and key != "seal" else ""
+        rows.append((f["name"], f"{f['median'] / 1e6:.{digits}f}M {f['unit']}{per}",
+                     f"{f['min'] / 1e6:.{digits}f}-{f['max'] / 1e6:.{digits}f}M", used))
+    if "record_step" in res:
+        r = res["record_step"]
+        for name, key in (("record step: lookup + add (1 core)", "ms"), ("  of which lookup", "lookup_ms"),
+                          ("  of which add", "add_ms")):
+            v = np.array(r[key])
+            rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
+    if "memory" in res:
+        mem = res["memory"]
+        rows.append(("peak build memory over baseline", f"{mem['peak_increase'] / MIB:.0f} MiB",
+                     f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB", ""))
+    out = [f"| measurement ({res['repeats']} repeats) | median | min-max | cores used |", "|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(out)

@@ -29,6 +29,10 @@ def cmd_build(args):
                 idx.add(chunk)
                 bar.update(chunk.size)
         dt = time.perf_counter() - t
+        if not args.no_seal:
+            t = time.perf_counter()
+            idx.seal()
+            print(f"sealed in {time.perf_counter() - t:.1f}s (side table: {idx.side_capacity:,} entries)")
         idx.save(args.out)
     except BaseException:
         if args.in_place and os.path.exists(args.out):
@@ -82,16 +86,27 @@ def cmd_stats(args):
 
 def cmd_bench(args):
     from .bench import format_table, run_bench
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: expected at least 1")
     if args.tokens:
         train = read_all(args.tokens, args.max_tokens)
         query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
+        shards = None if args.tokens.endswith(".npy") else args.tokens
+        source = args.tokens
     else:
-        from data.local_corpus import build_local_corpus
-        corpus = build_local_corpus(max_train_tokens=args.max_tokens)
+        if args.corpus == "prose":
+            from data.prose_corpus import build_prose_corpus as build_corpus
+        else:
+            from data.local_corpus import build_local_corpus as build_corpus
+        corpus = build_corpus(max_train_tokens=args.max_tokens)
         train = read_all(corpus["train_pattern"], args.max_tokens)
         query = read_all(corpus["val_pattern"], args.query_tokens)
+        shards, source = corpus["train_pattern"], f"{args.corpus} corpus ({corpus['src_dir']})"
     geom = Geometry.parse(args.geometry, train.size, args.lengths)
-    res = run_bench(train, query, geom=geom, workers=args.workers, ref_tokens=args.ref_tokens)
+    print(f"corpus: {source}")
+    res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
+                    shards=shards, record_step=args.record_step)
+    res["corpus"] = source
     print()
     print(format_table(res))
     if args.json:
@@ -109,7 +124,7 @@ def cmd_exact_bench(args):
         corpus = build_local_corpus(max_train_tokens=args.max_tokens)
         train = read_all(corpus["train_pattern"], args.max_tokens)
         query = read_all(corpus["val_pattern"], args.query_tokens)
-    res = run_exact_bench(train, query, parse_lengths(args.lengths), workers=args.workers, repeats=args.repeats)
+    res = run_exact_bench(train, query, args.lengths, workers=args.workers, repeats=args.repeats)
     print()
     print(format_exact_table(res))
     if args.json:
@@ -142,6 +157,9 @@ def main(argv=None):
     p.add_argument("--geometry", default="auto", help="preset (" + ", ".join(PRESETS) + "), 'auto' (sized for the tokens) or 'P,B,S'")
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--in-place", action="store_true", help="build directly in the --out file instead of in memory")
+    p.add_argument("--no-seal", action="store_true",
+                   help="save the index unsealed (default: seal it first: sorted buckets and a side table, "
+                        "for fast lookups; sealing adds about 1/22 of the table at 176 slots plus the side table)")
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("lookup", help="show the hints for a piece of text or a token range")
@@ -161,8 +179,15 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the numbers to this JSON file")
     p.set_defaults(fn=cmd_stats)
 
-    p = sub.add_parser("bench", help="time build and lookup against the plain-Python reference (ratios, one run)")
+    p = sub.add_parser("bench", help="time build, seal and lookup against the plain-Python reference "
+                                     "(median and min-max of repeats)")
     common(p, tokens_required=False)
+    p.add_argument("--corpus", choices=("stdlib", "prose"), default="stdlib",
+                   help="without --tokens: Python's standard-library source (stdlib) or the Linux man-pages "
+                        "project as English text (prose; Debian packages manpages, manpages-dev)")
+    p.add_argument("--repeats", type=int, default=5, help="times each figure is measured (alternated)")
+    p.add_argument("--record-step", action="store_true",
+                   help="also time one rank's training-time hint work per step at the record's shape")
     p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
     p.add_argument("--query-tokens", type=int, default=1_000_000)
     p.add_argument("--ref-tokens", type=int, default=200_000, help="tokens the plain-Python builder is timed on")
@@ -176,7 +201,7 @@ def main(argv=None):
     common(p, tokens_required=False)
     p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
     p.add_argument("--query-tokens", type=parse_token_count, default=SPEEDRUN_VAL_TOKENS, help="first N query tokens (default: the speedrun's 10,485,760)")
-    p.add_argument("--lengths", default="6,10,20")
+    p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per path (median, min-max)")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_exact_bench)

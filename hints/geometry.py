@@ -26,10 +26,18 @@ TOKEN_BITS = 16           # GPT-2 ids < 50,257 < 2^16
 CHECKSUM_TOTAL_BITS = 48  # 64-bit slot minus the token
 MAX_TOKEN = (1 << TOKEN_BITS) - 1
 SLOTS_PER_LINE = 8        # 8 slots x 8 bytes = one 64-byte cache line; S must be a multiple
+# At most 4 n-gram lengths share a slot: 48 checksum bits leave the longest of 4 lengths a
+# 6-bit field, and the lookup kernels keep one query key per length in MAX_LENGTHS lanes.
+MAX_LENGTHS = 4
+LEVEL_BITS = MAX_LENGTHS.bit_length()  # bits of "lengths matched" (0..MAX_LENGTHS) kernels pack beside a token
+MAX_PARTITION_BITS = 20   # 2^20 partitions: lookup caches pack a partition id into 20 bits
+FILL_BITS = 16            # a bucket's fill is a uint16 ...
+MAX_SLOTS = (1 << FILL_BITS) - SLOTS_PER_LINE  # ... so at most 65528 slots (a multiple of 8)
 
-# Checksum bits per length, shortest first. The shortest gets the most: a collision there
-# gives a wrong hint, a collision of a longer length only changes how much it is trusted
-# (the article's "shared slot for all hint lengths"). Sums are always 48.
+# Checksum bits per length, shortest first, for each count of lengths 1..MAX_LENGTHS. The
+# shortest gets the most: a collision there gives a wrong hint, a collision of a longer
+# length only changes how much it is trusted (the article's "shared slot for all hint
+# lengths"). Each tuple sums to CHECKSUM_TOTAL_BITS.
 CHECKSUM_BITS = {
     1: (48,),
     2: (30, 18),
@@ -106,14 +114,14 @@ class Geometry:
             raise ValueError(f"lengths={self.lengths!r}: expected a sequence of integer n-gram lengths") from None
         object.__setattr__(self, "lengths", tuple(int(x) for x in lengths))
         p, b, s, lengths = self.partition_bits, self.bucket_bits, self.slots, self.lengths
-        if not (0 <= p <= 20):
-            raise ValueError(f"partition_bits={p}: expected 0..20")
+        if not (0 <= p <= MAX_PARTITION_BITS):
+            raise ValueError(f"partition_bits={p}: expected 0..{MAX_PARTITION_BITS}")
         if not (1 <= b <= 24):
             raise ValueError(f"bucket_bits={b}: expected 1..24 (buckets come from the shortest length's checksum)")
-        if s <= 0 or s % SLOTS_PER_LINE or s > 65528:
-            raise ValueError(f"slots={s}: expected a positive multiple of {SLOTS_PER_LINE} (one 64-byte line) up to 65528")
-        if len(lengths) not in CHECKSUM_BITS:
-            raise ValueError(f"lengths={lengths}: expected 1 to {max(CHECKSUM_BITS)} n-gram lengths")
+        if s <= 0 or s % SLOTS_PER_LINE or s > MAX_SLOTS:
+            raise ValueError(f"slots={s}: expected a positive multiple of {SLOTS_PER_LINE} (one 64-byte line) up to {MAX_SLOTS}")
+        if not 1 <= len(lengths) <= MAX_LENGTHS:
+            raise ValueError(f"lengths={lengths}: expected 1 to {MAX_LENGTHS} n-gram lengths")
         if lengths[0] < 1 or any(a >= b_ for a, b_ in zip(lengths, lengths[1:])):
             raise ValueError(f"lengths={lengths}: expected strictly increasing positive lengths")
         if lengths[-1] > MAX_LENGTH:
@@ -214,6 +222,9 @@ class Geometry:
                 f"{_human(available)} of memory is available (limit {MAX_MEMORY_FRACTION:.0%}); "
                 f"use a smaller geometry (Geometry.for_tokens or a preset) or a file backing (path=...)")
 
+
+assert sorted(CHECKSUM_BITS) == list(range(1, MAX_LENGTHS + 1))
+assert all(sum(b) == CHECKSUM_TOTAL_BITS and list(b) == sorted(b, reverse=True) for b in CHECKSUM_BITS.values())
 
 PRESETS = {
     # The record: 2^14 x 2^14 x 176 x 8 bytes = 352 GiB (article, "Hint corpus details").

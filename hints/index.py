@@ -2,27 +2,38 @@
 
 The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
-`chunk_tokens`: stage 1 hashes `workers` contiguous ranges at once into a reused,
-pre-faulted staging arena; stage 2 places one partition per worker. Because every
-partition is filled in stream order, the bytes do not depend on the chunking of `add`
-calls or on the worker count.
+`chunk_tokens`: in stage 1 the workers claim 64k-token chunks in turn and stage them in a
+reused, pre-faulted arena (per-worker state on cache lines of its own); stage 2 places the
+partitions, split among the workers by staged size. Because every partition is filled in
+stream order (chunk by chunk), the bytes do not depend on the chunking of `add` calls, on
+the worker count or on which worker took which chunk.
+
+A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
+side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
+returns exactly what it returned before; it is saved and loaded sealed. `add()` on a sealed
+index unseals it (its buckets stay valid, lookups go back to scanning). One index must not be
+added to while it is looked up from another thread.
 """
 import dataclasses
 import mmap
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import numba
 import numpy as np
 
 from . import kernels, store
-from .parallel import run_ranges, split
+from . import lookup as lookup_kernels
+from .parallel import run_ranges, run_split
 from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
+STAGE1_CHUNK = 65_535      # positions a stage-1 worker claims at a time: "chunks of 64k tokens", the most
+                           # whose slots per partition fit the uint16 counts stage 2 orders them by
 STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
 MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
 
@@ -79,7 +90,16 @@ def balance(sizes, workers):
         k = loads.index(min(loads))
         groups[k].append(int(p))
         loads[k] += int(sizes[p])
-    return [np.array(gr, dtype=np.int64) for gr in groups if gr]
+    return [np.array(sorted(gr), dtype=np.int64) for gr in groups if gr]
+
+
+def line_aligned(shape, dtype):
+    """A zeroed array that starts on a 64-byte line and is followed by a line of padding, so
+    that no other array shares its cache lines (per-worker state: no false sharing)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + 128, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def prefault_zero(a, workers):
@@ -121,11 +141,16 @@ class HintIndex:
         """Everything but the table: shared by a new index and a loaded one."""
         self.geom, self.workers, self.path = geom, int(workers), path
         self.readonly = False
+        self.sealed = False
+        self._side = None  # sealed: (side_off, side_key, side_val), see hints.lookup
+        self._scratch_free = []  # per-worker lookup scratch (counters, result cache), reused
+        self._scratch_lock = threading.Lock()
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
         self._dropped[0] = dropped
         self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
+        self.stage1_chunk = STAGE1_CHUNK  # positions a stage-1 worker claims at a time (at most STAGE1_CHUNK)
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         g = self.geom
@@ -146,25 +171,36 @@ class HintIndex:
     # ---- build ----------------------------------------------------------------------------
     def _staging(self, n):
         """Staging arena for sub-chunks of up to n tokens; allocated (and pre-faulted) once."""
-        if self._stage is not None and self._stage["capacity"] >= n:
+        if self._stage is not None and self._stage["capacity"] >= n and self._stage["stage1_chunk"] == self.stage1_chunk:
             return self._stage
         g, w = self.geom, self.workers
-        per_range = -(-n // w)
-        blocks_per_range = -(-per_range // STAGE_BLOCK) + g.n_partitions + 1
-        n_blocks = w * blocks_per_range
+        n_blocks = -(-n // STAGE_BLOCK) + w * g.n_partitions + 1  # full blocks + one partial per worker and partition
+        n_chunks = -(-n // self.stage1_chunk)
         max_len = int(self._lengths.max())
         st = dict(
             capacity=n,
-            blocks_per_range=blocks_per_range,
+            stage1_chunk=self.stage1_chunk,
             arena=alloc((n_blocks, STAGE_BLOCK), np.uint64),
             block_len=np.zeros(n_blocks, dtype=np.int64),
             block_next=np.zeros(n_blocks, dtype=np.int64),
-            heads=np.zeros((w, g.n_partitions), dtype=np.int64),
-            tails=np.zeros((w, g.n_partitions), dtype=np.int64),
-            bursts=np.zeros((w, g.n_partitions, kernels.BURST), dtype=np.uint64),
-            burst_fills=np.zeros((w, g.n_partitions), dtype=np.uint8),
+            claims=line_aligned((1,), np.int64),  # next unclaimed stage-1 chunk
+            free=line_aligned((1,), np.int64),    # next unused block
+            # chunk -> worker, and slots per (chunk, partition): only needed to interleave workers
+            owner=np.zeros(n_chunks if w > 1 else 0, dtype=np.int32),
+            counts=np.zeros((n_chunks if w > 1 else 0, g.n_partitions), dtype=np.uint16),
+            workers=[dict(  # each worker's own state, on cache lines of its own
+                head=line_aligned((g.n_partitions,), np.int64),
+                tail=line_aligned((g.n_partitions,), np.int64),
+                tail_len=line_aligned((g.n_partitions,), np.int64),
+                full_blocks=line_aligned((g.n_partitions,), np.int64),
+                staged=line_aligned((g.n_partitions,), np.int64),
+                burst=line_aligned((g.n_partitions, kernels.BURST), np.uint64),
+                burst_fill=line_aligned((g.n_partitions,), np.uint8),
+            ) for _ in range(w)],
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
+        for ws in st["workers"]:
+            ws["burst_fill"][:] = 0
         prefault_zero(st["arena"], w)
         self._stage = st
         return st
@@ -179,7 +215,9 @@ class HintIndex:
         """Bytes of the hint staging area (arena, chains, burst lines), not the input token buffer."""
         if self._stage is None:
             return 0
-        return sum(v.nbytes for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext")
+        arrays = [v for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext"]
+        arrays += [v for ws in self._stage["workers"] for v in ws.values()]
+        return sum(a.nbytes for a in arrays)
 
     def add(self, tokens):
         """Append tokens to the stream and store one hint per new position."""
@@ -188,6 +226,7 @@ class HintIndex:
         tokens = as_tokens(tokens)
         if tokens.size == 0:
             return self
+        self.sealed, self._side = False, None  # appended slots break the sort; the scan reads any order
         max_len = int(self._lengths.max())
         st = self._staging(min(tokens.size, self.chunk_tokens))
         g, w = self.geom, self.workers
@@ -197,18 +236,28 @@ class HintIndex:
             ext = st["ext"][:h + chunk.size]
             ext[:h] = self.history
             ext[h:] = chunk
-            st["heads"][:] = -1
-            st["tails"][:] = -1
+            n_chunks = -(-chunk.size // self.stage1_chunk)
+            for ws in st["workers"]:
+                ws["head"][:] = -1
+                ws["tail"][:] = -1
+                ws["tail_len"][:] = 0
+                ws["full_blocks"][:] = 0
+                ws["staged"][:] = 0
+            st["claims"][0] = 0
+            st["free"][0] = 0
+            owner = st["owner"][:n_chunks]
+            counts = st["counts"][:n_chunks]
             t0 = time.perf_counter()
-            ranges = [(h + a, h + b) for a, b in split(chunk.size, w)]  # stage 1: worker r hashes range r
-            run_ranges(lambda r0, r1: [kernels.stage1_range(
-                ext, ranges[r][0], ranges[r][1], self._lengths, self._pows, g.partition_bits, self._bits,
-                self._shifts, st["arena"], st["block_len"], st["block_next"], st["heads"][r], st["tails"][r],
-                r * st["blocks_per_range"], st["bursts"][r], st["burst_fills"][r]) for r in range(r0, r1)], w, w)
+            run_split(lambda r, r0, r1: [kernels.stage1_worker(  # stage 1: workers claim chunks in turn
+                ext, h, h + chunk.size, self.stage1_chunk, n_chunks, st["claims"], owner, counts, k, self._lengths, self._pows,
+                g.partition_bits, self._bits, self._shifts, st["arena"], st["block_len"], st["block_next"], st["free"],
+                **st["workers"][k]) for k in range(r0, r1)], w, w)
             t1 = time.perf_counter()
-            groups = balance(kernels.staged_sizes(st["heads"], st["block_len"], st["block_next"]), w)
+            heads = np.stack([ws["head"] for ws in st["workers"]])
+            groups = balance(kernels.staged_sizes(heads, st["block_len"], st["block_next"]), w)
+            counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
             run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
-                groups[k], st["arena"], st["block_len"], st["block_next"], st["heads"], self.table, self.fill,
+                groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table, self.fill,
                 g.bucket_bits, int(self._shifts[0]), self._dropped) for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
@@ -216,24 +265,91 @@ class HintIndex:
             self.tokens_added += chunk.size
         return self
 
+    # ---- seal -----------------------------------------------------------------------------
+    def seal(self):
+        """Sort every bucket, write the bucket summaries and build the side table of frequent
+        n-grams (two O(table) passes over the partitions, `workers` at a time; see hints.lookup).
+        Lookups then search instead of scanning and return exactly what they returned before.
+        Returns self."""
+        if self.sealed:
+            return self
+        if self.readonly:
+            raise RuntimeError(f"hint index {self.path} is opened read-only (mmap); load it with mmap=False to seal")
+        g = self.geom
+        summary = alloc((g.n_partitions, g.n_buckets, lookup_kernels.summary_words(g.slots)), np.uint16)
+        side_off = np.zeros(g.n_partitions + 1, dtype=np.int64)
+        side = np.zeros(0, dtype=np.uint64)
+
+        def seal(first_pass):
+            run_ranges(lambda p0, p1: lookup_kernels.seal_partitions(
+                p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits, first_pass, summary, side_off,
+                side), g.n_partitions, self.workers)
+
+        seal(True)  # sort, summarise, count each partition's side entries into side_off[p + 1]
+        found = side_off[1:]
+        cap = np.where(found > 0, 1 << np.ceil(np.log2(np.maximum(found, 1) * lookup_kernels.SIDE_LOAD)).astype(np.int64), 0)
+        side_off[1:] = np.cumsum(cap)
+        if side_off[-1]:
+            side = np.zeros(2 * int(side_off[-1]), dtype=np.uint64)
+            seal(False)
+        self._side = (summary, side_off, side)
+        self.sealed = True
+        return self
+
+    @property
+    def side_capacity(self):
+        """Entries the sealed index's side table has room for (0 when unsealed)."""
+        return int(self._side[1][-1]) if self.sealed else 0
+
     # ---- query ----------------------------------------------------------------------------
-    def lookup_counts(self, tokens):
-        """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n)."""
+    def _take_scratch(self):
+        with self._scratch_lock:
+            if self._scratch_free:
+                return self._scratch_free.pop()
+        return lookup_kernels.new_scratch(self.geom.n_lengths, self.geom.slots)
+
+    def _give_scratch(self, scratch):
+        with self._scratch_lock:
+            self._scratch_free.append(scratch)
+
+    def lookup_counts(self, tokens, hints=False):
+        """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n);
+        with hints=True, Hints (purity and kind computed by each worker right after its range)."""
         q = as_tokens(tokens)
         K, n = self.geom.n_lengths, q.size
         tok = np.empty((K, n), dtype=np.int32)
         cnt = np.empty((K, n), dtype=np.int32)
         top = np.empty((K, n), dtype=np.int32)
+        purity = np.empty((K, n), dtype=np.float32) if hints else None
+        kind = np.empty((K, n), dtype=np.int16) if hints else None
         g = self.geom
-        run_ranges(lambda t0, t1: kernels.lookup(
-            t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
-            self._bits, self._shifts, tok, cnt, top), n, self.workers)
+        sealed, side = self.sealed, self._side
+
+        def look(r, t0, t1):
+            sc = self._take_scratch()
+            try:
+                if sealed:
+                    lookup_kernels.lookup_sorted(
+                        t0, t1, q, self.table, side[0], side[1], side[2], self._lengths, self._pows,
+                        g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top)
+                else:
+                    lookup_kernels.lookup_scan(
+                        t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
+                        self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["buf"], sc["cache_tag"],
+                        sc["cache_key"], sc["cache_val"])
+            finally:
+                self._give_scratch(sc)
+            if hints:
+                _purity_kinds(t0, t1, cnt, top, purity, kind)
+
+        run_split(look, n, self.workers)
+        if hints:
+            return Hints(token=tok, count=cnt, purity=purity, kind=kind)
         return tok, cnt, top
 
     def lookup(self, tokens):
         """Hints for every position t of a 1-D token array (n-gram tokens[t-L+1..t])."""
-        tok, cnt, top = self.lookup_counts(tokens)
-        return hints_from_counts(tok, cnt, top)
+        return self.lookup_counts(tokens, hints=True)
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:
@@ -252,20 +368,36 @@ class HintIndex:
         fill = np.asarray(self.fill).reshape(-1)
         # fill is uint16; view it as uint64 words (a copy only for geometries of < 4 buckets)
         b = checksum(fill.view(np.uint64) if fill.nbytes % 8 == 0 else fill.astype(np.uint64))
-        return (a * 0x100000001B3 + b) % (1 << 64)
+        c = (a * 0x100000001B3 + b) % (1 << 64)
+        if self.sealed:
+            for a in self._side:
+                c = (c * 0x100000001B3 + checksum(np.asarray(a).reshape(-1).view(np.uint64))) % (1 << 64)
+        return c
 
     def _header(self):
         return store.pack_header(self.geom, self.tokens_added, self.hints_stored, self.dropped,
-                                 self.data_checksum(), self.history)
+                                 self.data_checksum(), self.history, self.sealed, self.side_capacity)
+
+    def _write_side(self, f):
+        """Write the side table at its offsets in an open index file (sealed indexes only)."""
+        lay = store.layout(self.geom, self.side_capacity)
+        for name, a in zip(store.SEALED_ARRAYS, self._side):
+            f.seek(lay[name])
+            np.ascontiguousarray(a).tofile(f)
 
     def save(self, path=None):
         """Write the index to `path` (default: its own file backing). Returns the path."""
         path = path or self.path
         if path is None:
             raise ValueError("save(): no path given and the index has no file backing")
+        total = store.file_bytes(self.geom, self.sealed, self.side_capacity)
         if self.path is not None and os.path.abspath(path) == os.path.abspath(self.path):
             self.fill.flush()
             self.table.flush()
+            with open(path, "r+b") as f:
+                f.truncate(total)  # room for the side table, or none once unsealed
+                if self.sealed:
+                    self._write_side(f)
             store.write_header(path, self._header())
             return path
         # a private temp file beside path (O_EXCL, 0600), its blocks reserved before writing, then
@@ -274,13 +406,16 @@ class HintIndex:
                                    dir=os.path.dirname(os.path.abspath(path)))
         try:
             with os.fdopen(fd, "wb") as f:
-                fill_off, table_off, total = store.layout(self.geom)
+                fill_off, table_off, _ = store.layout(self.geom)
                 store.reserve(f.fileno(), total, path)
                 f.write(self._header())
                 f.seek(fill_off)
                 np.ascontiguousarray(self.fill).tofile(f)
                 f.seek(table_off)
                 np.ascontiguousarray(self.table).tofile(f)
+                if self.sealed:
+                    self._write_side(f)
+                f.truncate(total)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -305,6 +440,10 @@ class HintIndex:
         fill, table = store.map_arrays(path, geom, "r")
         fill = np.array(fill) if mmap else fill  # a private copy: the counts checked are the counts used
         store.check_fill(path, fill, geom.slots, hdr["hints_stored"])
+        if hdr["sealed"]:
+            side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
+            self._side = side if mmap else tuple(np.array(a) for a in side)
+            self.sealed = True
         if mmap:
             self.fill, self.table = fill, table
             self.readonly = True
@@ -340,6 +479,8 @@ class HintIndex:
             tokens_added=int(self.tokens_added),
             hints_stored=stored,
             dropped=self.dropped,
+            sealed=self.sealed,
+            side_capacity=self.side_capacity,
             load=stored / g.n_slots,
             full_buckets=int(hist[g.slots]),
             fill_histogram=hist.tolist(),
@@ -349,22 +490,16 @@ class HintIndex:
         return f"HintIndex({self.geom.describe()}, tokens={self.tokens_added:,}, stored={self.hints_stored:,}, dropped={self.dropped:,})"
 
 
-def hints_from_counts(tok, cnt, top):
-    """Turn raw lookup counts into the public Hints arrays (purity and kind)."""
-    K, n = tok.shape
-    purity = np.zeros((K, n), dtype=np.float32)
-    present = cnt > 0
-    purity[present] = top[present] / cnt[present]
-    kind = np.full((K, n), -1, dtype=np.int16)
-    _kinds(cnt, top, kind)
-    return Hints(token=tok, count=cnt, purity=purity, kind=kind)
-
-
 @numba.njit(cache=True, nogil=True)
-def _kinds(cnt, top, out):
-    K, n = cnt.shape
-    for k in range(K):
-        for t in range(n):
-            if cnt[k, t] > 0:
-                out[k, t] = kind_of(k, cnt[k, t], top[k, t])
-
+def _purity_kinds(t0, t1, cnt, top, purity, kind):
+    """purity = top / count (float64 division rounded to float32, as NumPy does) and kind, or
+    0 and -1 where the n-gram is absent, for positions t0..t1-1."""
+    for k in range(cnt.shape[0]):
+        for t in range(t0, t1):
+            c = cnt[k, t]
+            if c > 0:
+                purity[k, t] = np.float32(np.float64(top[k, t]) / np.float64(c))
+                kind[k, t] = kind_of(k, c, top[k, t])
+            else:
+                purity[k, t] = 0
+                kind[k, t] = -1

@@ -1,4 +1,4 @@
-"""Numba kernels of the hint index: n-gram hashing, the two build stages, lookup, checksums.
+"""Numba kernels of the hint index: n-gram hashing, the two build stages, checksums (lookup: `hints.lookup`).
 
 Everything here is `nogil` and cached, and works on plain NumPy arrays handed in by
 `hints.index`. All hash arithmetic is uint64 and wraps mod 2^64.
@@ -12,12 +12,16 @@ Hashing (the contract `hints.reference` reproduces in plain Python). For stream 
 The shortest length's h gives the partition (top P bits) and its checksum (the next bits);
 each longer length's checksum is the low bits of its own h, with 0 reserved for "absent".
 
-Build, stage 1 (`stage1_range`): one worker hashes a contiguous range of the stream and
-appends each slot to its partition's chain of staging blocks, through a per-partition burst
-line of 8 slots (64 bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer) that is
-copied out whole. Stage 2 (`stage2_place`): one worker per partition walks the partition's
-chains in worker order (= stream order) and places each slot in its first bucket while it
-has room, else its second, else drops it.
+Build, stage 1 (`stage1_worker`): workers claim chunks of 64k positions of the stream, the
+next unclaimed one each time (so chunks go round-robin while workers keep pace, and a
+worker that finishes early takes the chunks a slow one has not reached), hash 256 positions
+at a time with every length in a vectorised pass (`hash_block`), and append each slot to its
+partition's chain of staging blocks through a per-partition burst line of 8 slots (64
+bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer) copied out whole. Stage 2
+(`stage2_place`): one worker per group of partitions takes each partition's slots in chunk
+order (= stream order) and places each in its first bucket while it has room, else its
+second, else drops it. So the bytes do not depend on the worker count or on which worker
+took which chunk.
 """
 import numba
 import numpy as np
@@ -26,6 +30,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .geometry import SLOTS_PER_LINE
+
 U64 = np.uint64
 
 HASH_MULT = U64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier of the rolling polynomial (golden ratio)
@@ -33,12 +39,9 @@ SEED_MULT = U64(0xC2B2AE3D27D4EB4F)     # per-length seed = (k + 1) * SEED_MULT,
 FMIX_C1 = U64(0xFF51AFD7ED558CCD)       # MurmurHash3 fmix64 constants
 FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
 BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift bucket hash
-TOKEN_MASK = U64(0xFFFF)
-NO_KEY = U64(1) << U64(63)              # a query key no slot key (< 2^48) can equal
-BURST = 8                               # slots per burst line: one 64-byte cache line
-PREFETCH_GROUP = 16                     # lookups hashed and prefetched together (misses in flight)
-CACHE_BITS = 12                         # lookup result cache: 2^12 entries per length (direct-mapped)
-CACHE_MIN_COUNT = 24                    # n-grams seen this often are cached: counting them costs more than a probe
+BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
+HASH_BLOCK = 256                        # positions hashed per vectorised block (L1-resident buffers)
+PLACE_AHEAD = 16                        # stage 2 prefetches the bucket of the slot this far ahead
 
 
 def _prefetch_codegen(context, builder, signature, args):
@@ -51,6 +54,12 @@ def _prefetch_codegen(context, builder, signature, args):
     # read (0), keep in all cache levels (3), data cache (1)
     builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     return context.get_dummy_value()
+
+
+@intrinsic
+def prefetch1(typingctx, arr, i):
+    """Hint the CPU to load arr[i]'s cache line (no fault, no wait)."""
+    return types.void(arr, i), _prefetch_codegen
 
 
 @intrinsic
@@ -93,31 +102,6 @@ def cttz(typingctx, x):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
         return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
     return types.uint64(types.uint64), codegen
-
-
-@numba.njit(cache=True, inline="always")
-def gather_matches(row, f, sh, qk, lo, buf, m):
-    """Append (token << 3 | lengths matched) of the slots row[:f] matching length lo to buf[m:].
-
-    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited.
-    """
-    for c in range(0, f, 64):
-        mask = U64(0)
-        for i in range(c, min(f, c + 64)):
-            mask |= U64((row[i] >> sh[lo]) == qk[lo]) << U64(i - c)
-        while mask:
-            sl = row[c + np.int64(cttz(mask))]
-            mask &= mask - U64(1)
-            lvl = (np.int64((sl >> sh[0]) == qk[0]) + np.int64((sl >> sh[1]) == qk[1])
-                   + np.int64((sl >> sh[2]) == qk[2]) + np.int64((sl >> sh[3]) == qk[3]))
-            buf[m] = ((sl & TOKEN_MASK) << U64(3)) | U64(lvl)
-            m += 1
-    return m
-
-
-@numba.njit(cache=True, inline="always")
-def cache_slot(part, key):
-    return np.int64(((key ^ (U64(part) * HASH_MULT)) * FMIX_C1) >> U64(64 - CACHE_BITS))
 
 
 @numba.njit(cache=True, inline="always")
@@ -166,72 +150,151 @@ def init_states(r, s, j, lengths):
 
 # ---- build, stage 1 -------------------------------------------------------------------------
 
-@numba.njit(cache=True, nogil=True)
-def stage1_range(s, j0, j1, lengths, pows, partition_bits, bits, shifts,
-                 arena, block_len, block_next, head, tail, first_free, burst, burst_fill):
-    """Hash positions j0..j1-1 of s and append one slot each to its partition's block chain.
+@intrinsic
+def atomic_add(typingctx, arr, i, v):
+    """arr[i] += v atomically; returns the old arr[i] (a claim counter shared by workers)."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        val = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        return builder.atomic_rmw("add", ptr, val, "monotonic")
+    return arr.dtype(arr, i, v), codegen
 
-    arena[b, :] is staging block b; this worker owns blocks first_free.. onwards (its caller
-    sized them). head/tail[p] are the first/last block of partition p's chain (-1: none).
-    Returns the next free block.
+
+@numba.njit(cache=True, inline="always")
+def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
+    """Slot keys (without the token) and partitions of positions j0..j1-1, all >= the longest
+    length, into keys[:j1-j0] and parts[:j1-j0].
+
+    Vectorised over positions: with the prefix polynomial P(a) = sum_{k<a} (s[k]+1) M^(a-1-k)
+    (one multiply-add per token, the only sequential step), R_L(j) = P(j) - P(j-L) M^L for
+    every length at once, and each length's pass over the block is a loop without branches."""
+    base = j0 - lengths[lengths.shape[0] - 1]
+    acc = U64(0)
+    prefix[0] = acc
+    for i in range(j1 - 1 - base):  # P(j) for j < j1 reads s[:j1-1] only
+        acc = acc * HASH_MULT + U64(s[base + i]) + U64(1)
+        prefix[i + 1] = acc
+    n = j1 - j0
+    o = j0 - base
+    L, pw = lengths[0], pows[0]
+    top = U64(63 - partition_bits)
+    c0_shift = U64(64 - partition_bits - bits[0])
+    c0_mask = (U64(1) << U64(bits[0])) - U64(1)
+    sh0 = U64(shifts[0])
+    for i in range(n):
+        h0 = fmix64(prefix[o + i] - prefix[o + i - L] * pw + SEED_MULT)
+        parts[i] = (h0 >> top) >> U64(1)
+        keys[i] = ((h0 >> c0_shift) & c0_mask) << sh0
+    for k in range(1, lengths.shape[0]):
+        L, pw = lengths[k], pows[k]
+        seed = U64(k + 1) * SEED_MULT
+        mask = (U64(1) << U64(bits[k])) - U64(1)
+        sh = U64(shifts[k])
+        for i in range(n):
+            c = fmix64(prefix[o + i] - prefix[o + i - L] * pw + seed) & mask
+            c += U64(c == U64(0))
+            keys[i] |= c << sh
+
+
+@numba.njit(cache=True, nogil=True)
+def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, lengths, pows, partition_bits,
+                  bits, shifts, arena, block_len, block_next, free, head, tail, tail_len, full_blocks, staged,
+                  burst, burst_fill):
+    """One stage-1 worker: claim chunks of chunk_len positions of s[start:end] (the next
+    unclaimed one each time, from the shared counter claims[0], so chunk ids rise for every
+    worker), hash them, and append each slot to this worker's chain for its partition.
+
+    A partition's slots go through a burst line of 8 (64 bytes; the record's 2^14 lines are
+    1 MiB, L2-resident) copied out whole to the chain's tail block; blocks come from the
+    shared counter free[0]. With several workers, at the end of chunk c, counts[c, p] is the
+    number of slots chunk c gave partition p and owner[c] = w: stage 2 takes them in chunk
+    order. Every array but the shared ones (s, arena, block_next, block_len, free, claims,
+    owner, counts) is this worker's own, so workers share no cache line on the per-token path.
+    The block append is written out twice (per line, and for the partial lines at the end) on
+    purpose: as an inlined helper taking the arrays, stage 1 ran 6x slower.
     """
+    n_part = burst.shape[0]
     n_block = arena.shape[1]
-    free = first_free
+    Lmax = lengths[lengths.shape[0] - 1]
     r = np.empty(lengths.shape[0], dtype=np.uint64)
-    start = max(j0, lengths[0])
-    if start < j1:
-        init_states(r, s, start, lengths)
-    for j in range(start, j1):
-        part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-        slot = key | U64(s[j])
-        roll(r, s, j, lengths, pows)
-        f = burst_fill[part]
-        burst[part, f] = slot
-        f += 1
-        if f == BURST:
-            f = 0
+    prefix = np.empty(HASH_BLOCK + Lmax + 1, dtype=np.uint64)
+    keys = np.empty(HASH_BLOCK, dtype=np.uint64)
+    parts = np.empty(HASH_BLOCK, dtype=np.uint64)
+    while True:
+        c = atomic_add(claims, 0, 1)
+        if c >= n_chunks:
+            break
+        if owner.shape[0]:
+            owner[c] = w
+        j = max(start + c * chunk_len, lengths[0])
+        j1 = min(end, start + (c + 1) * chunk_len)
+        while j < j1:
+            b1 = min(j1, j + HASH_BLOCK)
+            if j >= Lmax:
+                hash_block(s, j, b1, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
+            else:  # the stream's first positions, where some lengths are absent: one at a time
+                b1 = min(b1, Lmax)
+                init_states(r, s, j, lengths)
+                for i in range(b1 - j):
+                    parts[i], _, keys[i] = slot_key(r, j + i, lengths, pows, partition_bits, bits, shifts)
+                    roll(r, s, j + i, lengths, pows)
+            for i in range(b1 - j):
+                part = np.int64(parts[i])
+                f = np.int64(burst_fill[part])
+                burst[part, f] = keys[i] | U64(s[j + i])
+                f += 1
+                if f == BURST:
+                    f = 0
+                    blk = tail[part]
+                    if blk < 0 or tail_len[part] == n_block:
+                        nb = atomic_add(free, 0, 1)
+                        block_next[nb] = -1
+                        if blk < 0:
+                            head[part] = nb
+                        else:
+                            block_next[blk] = nb
+                            block_len[blk] = n_block
+                            full_blocks[part] += 1
+                        tail[part] = nb
+                        tail_len[part] = 0
+                        blk = nb
+                    o = tail_len[part]
+                    for q in range(BURST):
+                        arena[blk, o + q] = burst[part, q]
+                    tail_len[part] = o + BURST
+                burst_fill[part] = f
+            j = b1
+        if counts.shape[0]:  # slots staged so far per partition: a difference gives this chunk's
+            for p in range(n_part):
+                total = full_blocks[p] * n_block + tail_len[p] + burst_fill[p]
+                counts[c, p] = total - staged[p]
+                staged[p] = total
+    # flush partial burst lines (a block's length is a multiple of BURST, so they always fit)
+    for part in range(n_part):
+        f = np.int64(burst_fill[part])
+        if f:
             blk = tail[part]
-            if blk < 0 or block_len[blk] == n_block:
-                nb = free
-                free += 1
-                block_len[nb] = 0
+            if blk < 0 or tail_len[part] == n_block:
+                nb = atomic_add(free, 0, 1)
                 block_next[nb] = -1
                 if blk < 0:
                     head[part] = nb
                 else:
                     block_next[blk] = nb
+                    block_len[blk] = n_block
+                    full_blocks[part] += 1
                 tail[part] = nb
+                tail_len[part] = 0
                 blk = nb
-            o = block_len[blk]
-            for i in range(BURST):
-                arena[blk, o + i] = burst[part, i]
-            block_len[blk] = o + BURST
-        burst_fill[part] = f
-    # flush partial burst lines (block length is a multiple of BURST, so they always fit).
-    # The block-chain append is written out twice on purpose: a shared inline helper made
-    # stage 1 about 1.4x slower (python -m hints bench, 70.7M -> 50.1M tok/s on one worker).
-    for part in range(burst.shape[0]):
-        f = burst_fill[part]
-        if f == 0:
-            continue
-        blk = tail[part]
-        if blk < 0 or block_len[blk] == n_block:
-            nb = free
-            free += 1
-            block_len[nb] = 0
-            block_next[nb] = -1
-            if blk < 0:
-                head[part] = nb
-            else:
-                block_next[blk] = nb
-            tail[part] = nb
-            blk = nb
-        o = block_len[blk]
-        for i in range(f):
-            arena[blk, o + i] = burst[part, i]
-        block_len[blk] = o + f
-        burst_fill[part] = 0
-    return free
+            o = tail_len[part]
+            for q in range(f):
+                arena[blk, o + q] = burst[part, q]
+            tail_len[part] = o + f
+            burst_fill[part] = 0
+        if tail[part] >= 0:
+            block_len[tail[part]] = tail_len[part]
 
 
 # ---- build, stage 2 -------------------------------------------------------------------------
@@ -239,9 +302,9 @@ def stage1_range(s, j0, j1, lengths, pows, partition_bits, bits, shifts,
 @numba.njit(cache=True, nogil=True)
 def staged_sizes(heads, block_len, block_next):
     """Slots staged per partition (walks the block chains, not the slots)."""
-    n_ranges, n_part = heads.shape
+    n_workers, n_part = heads.shape
     sizes = np.zeros(n_part, dtype=np.int64)
-    for w in range(n_ranges):
+    for w in range(n_workers):
         for p in range(n_part):
             blk = heads[w, p]
             while blk >= 0:
@@ -250,163 +313,69 @@ def staged_sizes(heads, block_len, block_next):
     return sizes
 
 
+@numba.njit(cache=True, inline="always")
+def place_run(row, a, e, tp, fp, slots, bucket_bits, shift0):
+    """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
+    drop. Slot i + PLACE_AHEAD's first bucket is prefetched while slot i is placed. Returns drops."""
+    drops = 0
+    for i in range(a, e):
+        if i + 2 * PLACE_AHEAD < e:  # two steps: the fill far ahead, then the line it points at
+            p1, _ = bucket_pair(row[i + 2 * PLACE_AHEAD] >> shift0, bucket_bits)
+            prefetch1(fp, p1)
+        if i + PLACE_AHEAD < e:
+            p1, _ = bucket_pair(row[i + PLACE_AHEAD] >> shift0, bucket_bits)
+            prefetch2(tp, p1, np.int64(fp[p1]))
+        slot = row[i]
+        b1, b2 = bucket_pair(slot >> shift0, bucket_bits)
+        b = b2 if fp[b1] >= slots else b1
+        f = fp[b]
+        if f < slots:
+            tp[b, f] = slot
+            fp[b] = f + 1
+        else:
+            drops += 1
+    return drops
+
+
 @numba.njit(cache=True, nogil=True)
-def stage2_place(parts, arena, block_len, block_next, heads, table, fill, bucket_bits, shift0, dropped):
-    """Place the staged slots of the partitions in `parts`, each walking its chains in range
-    order (= stream order): first bucket while it has room, else the second, else drop."""
-    n_ranges = heads.shape[0]
+def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, table, fill, bucket_bits, shift0, dropped):
+    """Place the staged slots of the partitions in `parts`, in stream order: chunk by chunk
+    (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed chunk c; stage
+    1's counts transposed, so a partition's are contiguous), or, with one worker (no chunks
+    recorded), along its chain."""
+    n_workers = heads.shape[0]
     slots = table.shape[2]
+    sh0 = U64(shift0)
+    blk = np.empty(n_workers, dtype=np.int64)
+    off = np.empty(n_workers, dtype=np.int64)
     for p in parts:
         drops = 0
         tp = table[p]
         fp = fill[p]
-        for w in range(n_ranges):
-            blk = heads[w, p]
-            while blk >= 0:
-                for i in range(block_len[blk]):
-                    slot = arena[blk, i]
-                    b1, b2 = bucket_pair(slot >> U64(shift0), bucket_bits)
-                    b = b2 if fp[b1] >= slots else b1
-                    f = fp[b]
-                    if f < slots:
-                        tp[b, f] = slot
-                        fp[b] = f + 1
-                    else:
-                        drops += 1
-                blk = block_next[blk]
+        if owner.shape[0] == 0:
+            b = heads[0, p]
+            while b >= 0:
+                drops += place_run(arena[b], 0, block_len[b], tp, fp, slots, bucket_bits, sh0)
+                b = block_next[b]
+        else:
+            for w in range(n_workers):
+                blk[w] = heads[w, p]
+                off[w] = 0
+            for c in range(owner.shape[0]):
+                w = owner[c]
+                need = np.int64(counts_t[p, c])
+                while need > 0:
+                    b = blk[w]
+                    o = off[w]
+                    take = min(need, block_len[b] - o)
+                    drops += place_run(arena[b], o, o + take, tp, fp, slots, bucket_bits, sh0)
+                    need -= take
+                    o += take
+                    if o == block_len[b]:
+                        blk[w] = block_next[b]
+                        o = 0
+                    off[w] = o
         dropped[p] += drops
-
-
-# ---- lookup ---------------------------------------------------------------------------------
-
-@numba.njit(cache=True, nogil=True)
-def lookup(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-           out_token, out_count, out_top):
-    """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
-
-    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). Positions go in groups
-    of PREFETCH_GROUP: first hash the group and prefetch each first bucket, then scan them, so
-    the group's cache misses overlap. The second bucket is scanned only when the first is full.
-    """
-    K = lengths.shape[0]
-    slots = table.shape[2]
-    if t0 >= t1:
-        return
-    r = np.empty(K, dtype=np.uint64)
-    buf = np.empty(2 * slots + 1, dtype=np.uint64)
-    qk = np.empty(4, dtype=np.uint64)
-    best = np.zeros(K, dtype=np.int64)
-    best_tok = np.zeros(K, dtype=np.int64)
-    counts = np.zeros((K, 1 << 16), dtype=np.int32)  # follower counts by token id, zeroed after use
-    total = np.zeros(K, dtype=np.int64)
-    sh = np.full(4, 63, dtype=np.uint64)  # unused lengths: slot >> 63 never equals NO_KEY
-    for k in range(K):
-        sh[k] = shifts[k]
-    # per-call cache of results for frequent n-grams, keyed by (partition, nested key); the
-    # table does not change during a call, so a hit is exact
-    cache_part = np.full((K, 1 << CACHE_BITS), -1, dtype=np.int64)
-    cache_key = np.zeros((K, 1 << CACHE_BITS), dtype=np.uint64)
-    cache_tok = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    cache_top = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    cache_count = np.zeros((K, 1 << CACHE_BITS), dtype=np.int32)
-    g_part = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    n = q.shape[0]
-    out_token[:, t0:t1] = -1
-    out_count[:, t0:t1] = 0
-    out_top[:, t0:t1] = 0
-    t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
-    if t >= t1:
-        return
-    init_states(r, q, t + 1, lengths)
-    while t < t1:
-        g_end = min(t1, t + PREFETCH_GROUP)
-        for g in range(g_end - t):  # phase 1: hash the group, prefetch its first buckets
-            j = t + g + 1
-            part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-            b1, b2 = bucket_pair(c0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g], g_key[g] = part, b1, b2, key
-            prefetch2(fill, part, b1)
-            prefetch3(table, part, b1, 0)
-            prefetch3(table, part, b1, 8)
-            if j < n:
-                roll(r, q, j, lengths, pows)
-        for g in range(g_end - t):  # phase 2: count matches, reuse cached results, count followers
-            j = t + g + 1
-            part, b1, b2, key = g_part[g], g_b1[g], g_b2[g], g_key[g]
-            valid = 0
-            for k in range(4):
-                qk[k] = NO_KEY
-            for k in range(K):
-                if j >= lengths[k]:
-                    qk[k] = key >> sh[k]
-                    valid += 1
-            # precheck: is the shortest n-gram here at all? (a vectorised count, no branches)
-            h0 = 0
-            for pass_ in range(2):
-                b = b1 if pass_ == 0 else b2
-                f = fill[part, b]
-                row = table[part, b]
-                for i in range(f):
-                    h0 += (row[i] >> sh[0]) == qk[0]
-                if f < slots:  # a hint goes to its second bucket only once the first is full
-                    break
-            if h0 == 0:
-                continue
-            # frequent n-grams recur: take their results from the cache; count the rest
-            lo = valid
-            for k in range(valid - 1, -1, -1):
-                ci = cache_slot(part, qk[k])
-                if cache_part[k, ci] == part and cache_key[k, ci] == qk[k]:
-                    out_token[k, t + g] = cache_tok[k, ci]
-                    out_count[k, t + g] = cache_count[k, ci]
-                    out_top[k, t + g] = cache_top[k, ci]
-                else:
-                    lo = k
-            if lo == valid:
-                continue
-            m = 0  # gather (token, levels matched) of the slots matching length lo
-            for pass_ in range(2):
-                b = b1 if pass_ == 0 else b2
-                f = fill[part, b]
-                m = gather_matches(table[part, b], f, sh, qk, lo, buf, m)
-                if f < slots:
-                    break
-            if m == 0:
-                continue
-            # count followers per level in token-indexed counters, tracking the top as we go
-            for k in range(lo, valid):
-                total[k] = 0
-                best[k] = 0
-                best_tok[k] = -1
-            for i in range(m):
-                tok = np.int64(buf[i] >> U64(3))
-                for k in range(lo, np.int64(buf[i] & U64(7))):
-                    c = counts[k, tok] + 1
-                    counts[k, tok] = c
-                    total[k] += 1
-                    if c > best[k] or (c == best[k] and tok < best_tok[k]):  # ties: smallest id
-                        best[k] = c
-                        best_tok[k] = tok
-            for i in range(m):
-                tok = np.int64(buf[i] >> U64(3))
-                for k in range(lo, np.int64(buf[i] & U64(7))):
-                    counts[k, tok] = 0
-            for k in range(lo, valid):
-                if total[k] > 0:
-                    out_token[k, t + g] = best_tok[k]
-                    out_count[k, t + g] = total[k]
-                    out_top[k, t + g] = best[k]
-                    if total[k] >= CACHE_MIN_COUNT:
-                        ci = cache_slot(part, qk[k])
-                        cache_part[k, ci] = part
-                        cache_key[k, ci] = qk[k]
-                        cache_tok[k, ci] = best_tok[k]
-                        cache_count[k, ci] = total[k]
-                        cache_top[k, ci] = best[k]
-        t = g_end
 
 
 # ---- whole-table helpers --------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Workers: contiguous ranges of work run on threads that call GIL-free (nogil) Numba kernels.
 
-One mechanism serves every parallel step of the index (pre-faulting, stage 1 over stream
-ranges, stage 2 over partition ranges, lookup over position ranges, checksums). Ranges are
-contiguous and handed out in order, so results never depend on thread timing.
+One mechanism serves every parallel step of the index (pre-faulting, stage 2 over partition
+groups, sealing and checksums over partition or word ranges, lookup over position ranges).
+Ranges are contiguous and handed out in order, so results never depend on thread timing.
 """
 import concurrent.futures
 import threading
@@ -23,10 +23,16 @@ def split(n, parts):
     return [(n * w // parts, n * (w + 1) // parts) for w in range(parts)]
 
 
-def run_ranges(fn, n, workers):
-    """[fn(a, b) for each of `workers` contiguous ranges of [0, n)], run concurrently."""
+def run_split(fn, n, workers):
+    """[fn(r, a, b) for the r-th of `workers` contiguous ranges (a, b) of [0, n)], run
+    concurrently (r lets a range use its own scratch)."""
     ranges = split(n, max(1, min(workers, n)) if n else 1)
     if len(ranges) == 1:
-        return [fn(*ranges[0])]
-    futures = [_pool(len(ranges)).submit(fn, a, b) for a, b in ranges]
+        return [fn(0, *ranges[0])]
+    futures = [_pool(len(ranges)).submit(fn, r, a, b) for r, (a, b) in enumerate(ranges)]
     return [f.result() for f in futures]
+
+
+def run_ranges(fn, n, workers):
+    """[fn(a, b) for each of `workers` contiguous ranges of [0, n)], run concurrently."""
+    return run_split(lambda r, a, b: fn(a, b), n, workers)

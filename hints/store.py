@@ -1,20 +1,27 @@
-"""On-disk format of a hint index: one file, a 4 KiB header, the bucket fill counts, the slot table.
+"""On-disk format of a hint index: one file, a 4 KiB header, the bucket fill counts, the slot
+table and, for a sealed index, its side table.
 
     offset 0            header (HEADER_BYTES): magic, version, geometry, counts, stream tail,
-                        data checksum, and a CRC32 of the header itself
+                        data checksum, sealed flag, side-table size, and a CRC32 of the header
     offset 4096         fill counts, uint16[2^P, 2^B]
     page-aligned after  slot table, uint64[2^P, 2^B, S]
+    sealed only:        bucket summaries uint16[2^P, 2^B, W], side-table offsets int64[2^P + 1]
+                        and the side table uint64[2 n] (key, value pairs), each page-aligned
+                        (see `hints.lookup`)
 
-Both arrays are page-aligned so `np.memmap` maps them as they are: loading with mmap=True
+All arrays are page-aligned so `np.memmap` maps them as they are: loading with mmap=True
 reads the header and the fill counts only. The data checksum (``kernels.checksum64`` over
-fill and table) is checked on a full load and on request (``verify=True``); the header CRC,
-the geometry, the file size and every bucket's fill count (<= slots, summing to the header's
-hint count: the lookup kernels rely on it) are always checked, so no file content can make a
-kernel read or write out of bounds.
+fill, table and the side table) is checked on a full load and on request (``verify=True``);
+the header CRC, the geometry, the file size and every bucket's fill count (<= slots, summing
+to the header's hint count: the lookup kernels rely on it) are always checked, so no fill or
+table content can make a kernel read or write out of bounds.
 
 Files are created mode 0600 with O_EXCL|O_NOFOLLOW (never through a planted symlink), and
 their blocks are reserved up front (posix_fallocate): a full disk or shared-memory folder is
 an error naming the file when it is created, never a SIGBUS in the middle of a build.
+
+Versions: 2 added the sealed flag and the sealed arrays. A version-1 file (always unsealed, same
+layout up to the table) is still read.
 """
 import errno
 import os
@@ -23,39 +30,62 @@ import zlib
 
 import numpy as np
 
-from .geometry import CHECKSUM_BITS, MAX_LENGTH, Geometry, _human
+from .geometry import MAX_LENGTH, MAX_LENGTHS, Geometry, _human
+from .lookup import summary_words
 
 MAGIC = b"NGHINTS\x00"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 HEADER_BYTES = 4096   # one page, so the arrays after it are page-aligned
 PAGE = 4096
-MAX_LENGTHS = 8              # length fields in the header; Geometry allows at most max(CHECKSUM_BITS) = 4
+HEADER_LENGTHS = 8           # length fields the header has room for (Geometry allows at most MAX_LENGTHS)
 HISTORY_TOKENS = MAX_LENGTH  # stream tail kept so a loaded index can go on adding (Geometry refuses longer lengths)
-assert max(CHECKSUM_BITS) <= MAX_LENGTHS
+assert MAX_LENGTHS <= HEADER_LENGTHS
 
 # magic, version, P, B, S, n_lengths, lengths[8], tokens_added, hints_stored, dropped,
-# data_checksum, history_len, history[64] (uint16), then the CRC32 of all of that.
-_FIELDS = struct.Struct(f"<8sIIIII{MAX_LENGTHS}IQQQQI{HISTORY_TOKENS}H")
+# data_checksum, history_len, history[64] (uint16), [version 2: sealed, side entries], then
+# the CRC32 of all of that.
+_FIELDS_V1 = struct.Struct(f"<8sIIIII{HEADER_LENGTHS}IQQQQI{HISTORY_TOKENS}H")
+_FIELDS = struct.Struct(f"<8sIIIII{HEADER_LENGTHS}IQQQQI{HISTORY_TOKENS}HIQ")
+_VERSION = struct.Struct("<8sI")
 _CRC = struct.Struct("<I")
+SEALED_ARRAYS = ("summary", "side_off", "side")
 
 
 def round_up(n, to=PAGE):
     return -(-n // to) * to
 
 
-def layout(geom):
-    """(fill offset, table offset, total file bytes) of a geometry."""
+def layout(geom, side_capacity=None):
+    """(fill offset, table offset, total file bytes) of a geometry; with side_capacity (a sealed
+    index), a dict of those and of the sealed arrays' offsets and shapes."""
     fill_off = HEADER_BYTES
     table_off = fill_off + round_up(geom.fill_bytes)
-    return fill_off, table_off, table_off + geom.table_bytes
+    end = table_off + geom.table_bytes
+    if side_capacity is None:
+        return fill_off, table_off, end
+    shapes = dict(summary=((geom.n_partitions, geom.n_buckets, summary_words(geom.slots)), np.uint16),
+                  side_off=((geom.n_partitions + 1,), np.int64),
+                  side=((2 * side_capacity,), np.uint64))
+    out = dict(fill=fill_off, table=table_off, shapes=shapes)
+    for name in SEALED_ARRAYS:
+        shape, dtype = shapes[name]
+        out[name] = end = round_up(end)
+        end += int(np.prod(shape)) * np.dtype(dtype).itemsize
+    out["total"] = end
+    return out
 
 
-def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history):
-    lengths = list(geom.lengths) + [0] * (MAX_LENGTHS - geom.n_lengths)
+def file_bytes(geom, sealed, side_capacity):
+    return layout(geom, side_capacity)["total"] if sealed else layout(geom)[2]
+
+
+def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history, sealed=False, side_capacity=0):
+    lengths = list(geom.lengths) + [0] * (HEADER_LENGTHS - geom.n_lengths)
     hist = list(int(x) for x in history) + [0] * (HISTORY_TOKENS - len(history))
     body = _FIELDS.pack(MAGIC, VERSION, geom.partition_bits, geom.bucket_bits, geom.slots, geom.n_lengths,
                         *lengths, int(tokens_added), int(hints_stored), int(dropped), int(data_checksum),
-                        len(history), *hist)
+                        len(history), *hist, int(bool(sealed)), int(side_capacity))
     raw = body + _CRC.pack(zlib.crc32(body))
     return raw + b"\x00" * (HEADER_BYTES - len(raw))
 
@@ -66,24 +96,28 @@ def read_header(path):
         size = os.path.getsize(path)
     except OSError as e:
         raise FileNotFoundError(f"hint index {path}: cannot open ({e.strerror})") from None
-    need = _FIELDS.size + _CRC.size
-    if size < need:
-        raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header ({need} bytes); truncated?")
+    if size < _VERSION.size:
+        raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header; truncated?")
     with open(path, "rb") as f:
-        raw = f.read(need)
-    body, (crc,) = raw[:_FIELDS.size], _CRC.unpack(raw[_FIELDS.size:])
-    fields = _FIELDS.unpack(body)
-    magic, version = fields[0], fields[1]
+        raw = f.read(HEADER_BYTES)
+    magic, version = _VERSION.unpack(raw[:_VERSION.size])
     if magic != MAGIC:
         raise ValueError(f"hint index {path}: magic is {magic!r}, expected {MAGIC!r}; not a hint index file")
-    if version != VERSION:
-        raise ValueError(f"hint index {path}: format version is {version}, expected {VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"hint index {path}: format version is {version}, expected one of {READABLE_VERSIONS}")
+    struct_ = _FIELDS_V1 if version == 1 else _FIELDS
+    need = struct_.size + _CRC.size
+    if size < need:
+        raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header ({need} bytes); truncated?")
+    body, (crc,) = raw[:struct_.size], _CRC.unpack(raw[struct_.size:need])
+    fields = struct_.unpack(body)
     if zlib.crc32(body) != crc:
         raise ValueError(f"hint index {path}: header checksum mismatch; the header is corrupt")
     p, b, s, n_len = fields[2:6]
     lengths = fields[6:6 + n_len]
-    rest = fields[6 + MAX_LENGTHS:]
+    rest = fields[6 + HEADER_LENGTHS:]
     tokens_added, hints_stored, dropped, data_checksum, hist_len = rest[:5]
+    sealed, side_capacity = (bool(rest[5 + HISTORY_TOKENS]), int(rest[6 + HISTORY_TOKENS])) if version >= 2 else (False, 0)
     try:
         geom = Geometry(p, b, s, tuple(lengths))
     except ValueError as e:
@@ -95,12 +129,13 @@ def read_header(path):
         if v >= 1 << 63:
             raise ValueError(f"hint index {path}: header field {name} is {v}, expected < 2^63; corrupt header")
     history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
-    expected = layout(geom)[2]
+    expected = file_bytes(geom, sealed, side_capacity)
     if size != expected:
         raise ValueError(f"hint index {path}: file is {size} bytes, expected {expected} for geometry "
-                         f"{geom.describe()}; truncated or corrupt")
+                         f"{geom.describe()}{' sealed' if sealed else ''}; truncated or corrupt")
     return dict(geometry=geom, tokens_added=tokens_added, hints_stored=hints_stored, dropped=dropped,
-                data_checksum=data_checksum, history=history)
+                data_checksum=data_checksum, history=history, version=version, sealed=sealed,
+                side_capacity=side_capacity)
 
 
 def check_fill(path, fill, slots, hints_stored):
@@ -166,3 +201,16 @@ def map_arrays(path, geom, mode):
     fill = np.memmap(path, dtype=np.uint16, mode=mode, offset=fill_off, shape=shape2)
     table = np.memmap(path, dtype=np.uint64, mode=mode, offset=table_off, shape=shape2 + (geom.slots,))
     return fill, table
+
+
+def map_sealed(path, geom, side_capacity, mode):
+    """(summary, side_off, side) memory maps of a sealed index's file."""
+    lay = layout(geom, side_capacity)
+    out = []
+    for name in SEALED_ARRAYS:
+        shape, dtype = lay["shapes"][name]
+        if int(np.prod(shape)) == 0:  # np.memmap refuses empty maps
+            out.append(np.zeros(shape, dtype=dtype))
+        else:
+            out.append(np.memmap(path, dtype=dtype, mode=mode, offset=lay[name], shape=shape))
+    return tuple(out)

@@ -63,14 +63,31 @@ def test_builds_same_index_as_in_process(shards):
         st = wait_for(b)
         assert st["state"] == "ready", st
         bg = b.open()
-        ref = HintIndex(GEOM).add(toks[:50_000])
-        assert bg.tokens_added == 50_000
+        ref = HintIndex(GEOM).add(toks[:50_000]).seal()  # the builder seals the finished index
+        assert bg.tokens_added == 50_000 and bg.sealed
         assert np.array_equal(np.asarray(bg.fill), ref.fill) and np.array_equal(np.asarray(bg.table), ref.table)
+        for a, b_ in zip(bg._side, ref._side):
+            assert np.array_equal(np.asarray(a), b_)
         other = BackgroundBuilder.attach(b.name)  # another rank's view
         assert other.ready() and other.open().tokens_added == 50_000
         other.close()  # an attached handle only lets go of its own hold
         assert b.ready() and b.open().tokens_added == 50_000
         assert other.status()["state"] == "failed" and "closed" in other.status()["error"]
+    finally:
+        b.close()
+    assert leftovers(b.name) == []
+
+
+def test_unsealed_builder_leaves_the_build_order(shards):
+    pattern, toks = shards
+    b = BackgroundBuilder(pattern, 20_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}u", log=lambda *a: None,
+                          seal=False)
+    try:
+        b.start()
+        assert wait_for(b)["state"] == "ready"
+        bg = b.open()
+        ref = HintIndex(GEOM).add(toks[:20_000])
+        assert not bg.sealed and np.array_equal(np.asarray(bg.table), ref.table)
     finally:
         b.close()
     assert leftovers(b.name) == []

@@ -1,0 +1,62 @@
+"""Stage 1's work distribution: workers claim chunks of the stream one after another (the next
+unclaimed chunk each time), and stage 2 takes every partition's slots back in chunk order, so
+the bytes equal one worker's for any worker count and chunk size, and the slot-level replay's."""
+import numpy as np
+import pytest
+
+from hints import Geometry, HintIndex
+from hints.index import STAGE1_CHUNK
+from hints.reference import reference_slots
+
+
+def phrase_stream(seed, n, vocab, n_phrases, max_len):
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(0, vocab, rng.integers(1, max_len + 1)) for _ in range(n_phrases)]
+    w = 1.0 / np.arange(1, n_phrases + 1)
+    picks = rng.choice(n_phrases, size=n, p=w / w.sum())
+    return np.concatenate([phrases[i] for i in picks])[:n].astype(np.uint16)
+
+
+def build(geom, stream, workers, chunk, parts=1):
+    idx = HintIndex(geom, workers=workers)
+    idx.stage1_chunk = chunk
+    for part in np.array_split(stream, parts):
+        idx.add(part)
+    return idx
+
+
+@pytest.mark.parametrize("geom", [Geometry(4, 6, 16, (6, 10, 20)), Geometry(0, 6, 64, (2, 3)),
+                                  Geometry(8, 2, 8, (3, 5, 8, 13))], ids=str)
+def test_any_workers_and_chunks_give_one_workers_bytes(geom):
+    stream = phrase_stream(1, 12000, 16, 200, 12)
+    fill, table, dropped = reference_slots(geom, stream)
+    assert dropped > 0  # drop order matters: the test sees it
+    for workers, chunk, parts in ((1, STAGE1_CHUNK, 1), (2, 97, 1), (3, 1, 2), (5, 1000, 3), (2, 20, 7)):
+        for _ in range(2):  # chunk ownership depends on thread timing; the bytes must not
+            idx = build(geom, stream, workers, chunk, parts)
+            assert idx.fill.tobytes() == fill.tobytes(), (workers, chunk, parts)
+            assert idx.table.tobytes() == table.tobytes(), (workers, chunk, parts)
+            assert idx.dropped == dropped
+
+
+def test_workers_that_interleave_give_one_workers_bytes():
+    """Enough chunks that every worker claims some (asserted), taken back in chunk order."""
+    geom = Geometry(4, 8, 32, (6, 10, 20))
+    stream = phrase_stream(3, 400_000, 40, 2000, 12)
+    one = build(geom, stream, 1, 997)
+    for workers in (2, 3):
+        idx = build(geom, stream, workers, 997)
+        owner = idx._stage["owner"][:-(-stream.size // 997)]
+        assert len(set(owner.tolist())) >= 2  # the workers really did share the chunks
+        assert idx.dropped == one.dropped > 0
+        assert idx.fill.tobytes() == one.fill.tobytes() and idx.table.tobytes() == one.table.tobytes()
+
+
+def test_stream_of_several_default_chunks():
+    """More than one 64k-token chunk with the default chunk size, one worker vs three."""
+    geom = Geometry(4, 8, 32, (6, 10, 20))
+    stream = phrase_stream(2, 3 * STAGE1_CHUNK + 123, 40, 2000, 12)
+    one = build(geom, stream, 1, STAGE1_CHUNK)
+    many = build(geom, stream, 3, STAGE1_CHUNK)
+    assert one.dropped > 0 and one.dropped == many.dropped
+    assert one.fill.tobytes() == many.fill.tobytes() and one.table.tobytes() == many.table.tobytes()

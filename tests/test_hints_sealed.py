@@ -1,0 +1,169 @@
+"""Sealed indexes and the scan's result cache: a sealed index (sorted buckets, bucket summaries,
+side table) returns exactly what the growing index returns, for any geometry, overflow or not,
+after save/load, and whatever the worker count; add() unseals; the scan's cache follows adds.
+(Exactness against hints.reference.ReferenceIndex is checked in test_hints_exact.py, for both.)"""
+import numpy as np
+import pytest
+
+from hints import Geometry, HintIndex, store
+from hints.lookup import CACHE_MIN_SCAN, SIDE_MIN_COUNT, summary_words
+
+FIELDS = ("token", "count", "purity", "kind")
+
+
+def phrase_stream(seed, n, vocab, n_phrases, max_len, pick_seed=0):
+    """Random phrases of a small vocabulary strung together (Zipf-like): n-grams of every length
+    repeat, with varied followers. Another pick_seed strings the same phrases another way."""
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(0, vocab, rng.integers(1, max_len + 1)) for _ in range(n_phrases)]
+    w = 1.0 / np.arange(1, n_phrases + 1)
+    picks = np.random.default_rng([seed, pick_seed]).choice(n_phrases, size=n, p=w / w.sum())
+    return np.concatenate([phrases[i] for i in picks])[:n].astype(np.uint16)
+
+
+def assert_same_hints(a, b, what=""):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and x.shape == y.shape, (what, f)
+        bad = np.argwhere(x != y)
+        assert bad.size == 0, f"{what}: {f} differs at {bad[:5].tolist()}"
+
+
+CASES = [
+    # (id, geometry, stream seed/vocab/phrases/max phrase length); all have side-table entries
+    ("overflow-6.10.20", Geometry(4, 6, 16, (6, 10, 20)), (1, 16, 200, 12)),
+    ("roomy-6.10.20", Geometry(6, 8, 176, (6, 10, 20)), (2, 12, 300, 12)),
+    ("two-summary-lines", Geometry(2, 3, 512, (6, 10, 20)), (3, 10, 100, 10)),  # S > 248: summary of 2 lines
+    ("len-1.2.3.4", Geometry(3, 5, 64, (1, 2, 3, 4)), (4, 40, 200, 6)),
+    ("len-2.3", Geometry(4, 6, 32, (2, 3)), (5, 30, 300, 8)),
+    ("len-4", Geometry(0, 4, 128, (4,)), (6, 20, 100, 8)),
+    ("len-3.5.8.13", Geometry(5, 6, 64, (3, 5, 8, 13)), (7, 20, 150, 10)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_sealed_equals_scan(case):
+    _, geom, (seed, vocab, n_phrases, max_len) = case
+    train = phrase_stream(seed, 30000, vocab, n_phrases, max_len)
+    queries = [train, phrase_stream(seed, 8000, vocab, n_phrases, max_len, pick_seed=1),
+               np.random.default_rng(seed).integers(0, 65536, 3000).astype(np.uint16)]
+    idx = HintIndex(geom, workers=2).add(train)
+    before = [idx.lookup(q) for q in queries]
+    fill = idx.fill.copy()
+    stored = np.sort(idx.table, axis=2)
+    idx.seal()
+    assert idx.sealed and idx.side_capacity > 0  # the case exercises the side table
+    assert (idx.fill == fill).all()
+    assert (np.sort(idx.table, axis=2) == stored).all()  # sealing reorders slots, changes none
+    for i, (q, b) in enumerate(zip(queries, before)):
+        assert_same_hints(idx.lookup(q), b, f"query {i}")
+    summary = idx._side[0]
+    assert summary.shape[2] == summary_words(geom.slots)
+    assert (summary[:, :, 0] == idx.fill).all()
+    # the sealed lookup reads long runs' top followers from the side table: counts >= the threshold occur
+    assert (before[0].count >= SIDE_MIN_COUNT).any() and (before[0].count[:, 20:] == 1).any()
+
+
+def test_seal_bytes_do_not_depend_on_workers():
+    geom = Geometry(4, 6, 32, (6, 10, 20))
+    stream = phrase_stream(8, 20000, 16, 200, 12)
+    sealed = [HintIndex(geom, workers=w).add(stream).seal() for w in (1, 3)]
+    a, b = sealed
+    assert a.table.tobytes() == b.table.tobytes()
+    for x, y in zip(a._side, b._side):
+        assert x.tobytes() == y.tobytes()
+    assert a.data_checksum() == b.data_checksum()
+    assert a.data_checksum() != HintIndex(geom).add(stream).data_checksum()
+
+
+def test_sealed_save_and_load(tmp_path):
+    geom = Geometry(4, 6, 32, (6, 10, 20))
+    stream = phrase_stream(9, 20000, 16, 200, 12)
+    q = phrase_stream(9, 4000, 16, 200, 12, pick_seed=2)
+    idx = HintIndex(geom, workers=2).add(stream).seal()
+    want = idx.lookup(q)
+    path = str(tmp_path / "sealed.idx")
+    idx.save(path)
+    hdr = store.read_header(path)
+    assert hdr["sealed"] and hdr["version"] == store.VERSION and hdr["side_capacity"] == idx.side_capacity
+    for mmap in (True, False):
+        got = HintIndex.load(path, mmap=mmap, verify=True)
+        assert got.sealed
+        assert_same_hints(got.lookup(q), want, f"mmap={mmap}")
+    with pytest.raises(RuntimeError, match="read-only"):
+        HintIndex.load(path, mmap=True).add(stream[:100])
+    # a corrupt side table is caught by the data checksum
+    lay = store.layout(geom, idx.side_capacity)
+    with open(path, "r+b") as f:
+        f.seek(lay["side"] + 8)
+        f.write(b"\xff" * 8)
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        HintIndex.load(path, mmap=False)
+
+
+def test_file_backed_index_seals_in_place(tmp_path):
+    geom = Geometry(3, 5, 32, (6, 10, 20))
+    stream = phrase_stream(10, 15000, 16, 200, 12)
+    path = str(tmp_path / "in_place.idx")
+    idx = HintIndex(geom, path=path).add(stream)
+    want = idx.lookup(stream)
+    idx.seal().save()
+    assert store.read_header(path)["sealed"]
+    assert_same_hints(HintIndex.load(path).lookup(stream), want, "sealed in place")
+    idx.add(stream[:500]).save()  # unsealed again: the file shrinks back to the table
+    assert not store.read_header(path)["sealed"]
+    assert_same_hints(HintIndex.load(path).lookup(stream),
+                      HintIndex(geom).add(stream).add(stream[:500]).lookup(stream), "unsealed in place")
+
+
+def test_add_after_seal_unseals_and_stays_exact():
+    geom = Geometry(4, 6, 32, (6, 10, 20))
+    stream = phrase_stream(11, 24000, 16, 200, 12)
+    idx = HintIndex(geom).add(stream[:12000]).seal()
+    idx.add(stream[12000:])
+    assert not idx.sealed
+    plain = HintIndex(geom).add(stream[:12000]).add(stream[12000:])
+    assert_same_hints(idx.lookup(stream), plain.lookup(stream), "added after seal")
+    assert_same_hints(idx.seal().lookup(stream), plain.lookup(stream), "sealed again")
+
+
+def test_version1_file_is_still_read(tmp_path):
+    """A file written before sealing existed (format version 1) loads as an unsealed index."""
+    geom = Geometry(3, 5, 32, (6, 10, 20))
+    stream = phrase_stream(12, 10000, 16, 200, 12)
+    idx = HintIndex(geom).add(stream)
+    path = str(tmp_path / "v1.idx")
+    idx.save(path)
+    lengths = list(geom.lengths) + [0] * (store.HEADER_LENGTHS - geom.n_lengths)
+    hist = [int(x) for x in idx.history] + [0] * (store.HISTORY_TOKENS - idx.history.size)
+    body = store._FIELDS_V1.pack(store.MAGIC, 1, geom.partition_bits, geom.bucket_bits, geom.slots, geom.n_lengths,
+                                 *lengths, idx.tokens_added, idx.hints_stored, idx.dropped, idx.data_checksum(),
+                                 idx.history.size, *hist)
+    header = body + store._CRC.pack(__import__("zlib").crc32(body))
+    store.write_header(path, header + b"\x00" * (store.HEADER_BYTES - len(header)))
+    hdr = store.read_header(path)
+    assert hdr["version"] == 1 and not hdr["sealed"]
+    got = HintIndex.load(path, mmap=False)
+    assert_same_hints(got.lookup(stream), idx.lookup(stream), "version 1")
+
+
+def test_scan_cache_follows_adds():
+    """The scan's per-worker result cache outlives a call; an add() that puts slots in a cached
+    n-gram's buckets must not leave a stale result behind (each entry checks the fills)."""
+    geom = Geometry(0, 2, 512, (6, 10, 20))  # 4 buckets: every scan is long enough to be cached
+    stream = phrase_stream(13, 2000, 8, 40, 8)
+    q = stream[:1000]
+    idx = HintIndex(geom)
+    last = None
+    changed = 0
+    for a, b in [(0, 400), (400, 401), (401, 900), (900, 1500), (1500, 2000)]:
+        idx.add(stream[a:b])
+        got = idx.lookup(q)
+        fresh = HintIndex(geom).add(stream[:b]).lookup(q)  # a new index: an empty cache
+        assert_same_hints(got, fresh, f"after adding up to {b}")
+        assert_same_hints(idx.lookup(q), got, "a second lookup (cache hits)")
+        if last is not None:
+            changed += int((got.count != last.count).sum())
+        last = got
+    assert changed > 1000  # the adds did change cached results
+    assert idx.fill.min() >= CACHE_MIN_SCAN
