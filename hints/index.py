@@ -441,8 +441,10 @@ class HintIndex:
         fill = np.array(fill) if mmap else fill  # a private copy: the counts checked are the counts used
         store.check_fill(path, fill, geom.slots, hdr["hints_stored"])
         if hdr["sealed"]:
-            side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
-            self._side = side if mmap else tuple(np.array(a) for a in side)
+            summary, side_off, side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
+            side_off, side = np.array(side_off), np.array(side)  # small: private copies, checked as used
+            store.check_side(path, side_off, side, hdr["side_capacity"])
+            self._side = (summary if mmap else np.array(summary), side_off, side)
             self.sealed = True
         if mmap:
             self.fill, self.table = fill, table
@@ -488,6 +490,16 @@ class HintIndex:
 
     def __repr__(self):
         return f"HintIndex({self.geom.describe()}, tokens={self.tokens_added:,}, stored={self.hints_stored:,}, dropped={self.dropped:,})"
+
+
+def hints_from_counts(tok, cnt, top):
+    """Raw counts (hinted token, count, the hinted token's count; (K, n) each) -> the public Hints
+    with purity and kind, exactly as lookup makes them (hints.exact uses it)."""
+    K, n = tok.shape
+    purity = np.empty((K, n), dtype=np.float32)
+    kind = np.empty((K, n), dtype=np.int16)
+    _purity_kinds(0, n, cnt, top, purity, kind)
+    return Hints(token=tok, count=cnt, purity=purity, kind=kind)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -555,7 +555,7 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
         for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
             part, b1 = g_part[g], g_b1[g]
             sm = summary[part, b1]
-            f1 = np.int64(sm[0])
+            f1 = min(np.int64(sm[0]), slots)  # clamped: a corrupt summary cannot move a read out of the row
             below, at_most = fence_lines(sm, g_key[g])
             a, m = fenced_range(f1, below, at_most)
             g_f1[g], g_a1[g], g_n1[g] = f1, a, m
@@ -569,7 +569,7 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                 part, b2 = g_part[g], g_b2[g]
                 sm = summary[part, b2]
                 below, at_most = fence_lines(sm, g_key[g])
-                a, m = fenced_range(np.int64(sm[0]), below, at_most)
+                a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
                 g_a2[g], g_n2[g] = a, m
                 prefetch3(table, part, b2, a)
                 if m > SLOTS_PER_LINE:

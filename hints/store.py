@@ -153,6 +153,24 @@ def check_fill(path, fill, slots, hints_stored):
                          f"{hints_stored:,}; the file is corrupt")
 
 
+def check_side(path, side_off, side, side_capacity):
+    """Refuse a sealed index's side table the lookup kernels cannot trust: its offsets run from 0
+    to the capacity in power-of-two steps (a probe masks with them), and every partition's part
+    has an empty entry (a probe for a missing key ends there). (The bucket summaries need no
+    check: the kernels clamp the fill they read there to the slot count.)"""
+    off = np.asarray(side_off, dtype=np.int64)
+    caps = np.diff(off)
+    if off[0] != 0 or off[-1] != side_capacity or (caps < 0).any() or (caps & (caps - 1)).any():
+        raise ValueError(f"hint index {path}: the side-table offsets are not 0 .. {side_capacity} in power-of-two "
+                         f"steps; the file is corrupt")
+    used = caps > 0
+    if used.any():
+        empty = (np.asarray(side)[1::2] == 0).astype(np.int64)
+        per_part = np.add.reduceat(empty, off[:-1][used])
+        if (per_part == 0).any():
+            raise ValueError(f"hint index {path}: a side table has no empty entry; the file is corrupt")
+
+
 def write_header(path, header_bytes):
     with open(path, "r+b") as f:
         f.write(header_bytes)

@@ -95,6 +95,47 @@ def test_fuzzed_index_never_ends_the_process_by_a_signal(tmp_path):
     assert outcomes["full buckets of random slots"] == "looked up"  # in bounds: no check can know the slots are junk
 
 
+FUZZ_SEALED = r"""
+import shutil, sys
+import numpy as np
+from hints import HintIndex, store
+src, work = sys.argv[1], sys.argv[2]
+idx = HintIndex.load(src, mmap=True)
+lay = store.layout(idx.geom, idx.side_capacity)
+query = np.random.default_rng(0).integers(0, 3, 30_000).astype(np.uint16)[:4000]  # the indexed stream
+outcomes = []
+for seed in range(8):
+    r = np.random.default_rng(seed)
+    for name in store.SEALED_ARRAYS:  # random bytes over one sealed array, header and its CRC kept
+        shutil.copy(src, work)
+        shape, dtype = lay["shapes"][name]
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with open(work, "r+b") as f:
+            f.seek(lay[name]); f.write(r.bytes(n))
+        try:
+            h = HintIndex.load(work, mmap=True, workers=2).lookup(query)
+            outcomes.append((name, "looked up"))
+        except ValueError as e:
+            assert work in str(e), e
+            outcomes.append((name, "refused"))
+print(sorted(set(outcomes)))
+"""
+
+
+def test_fuzzed_sealed_index_never_ends_or_hangs_the_process(tmp_path):
+    """A sealed index's summaries and side table, overwritten with random bytes: every lookup
+    ends, by a result or by a ValueError naming the file, never by a signal or a hang."""
+    idx = HintIndex(Geometry(4, 6, 64, (6, 10, 20))).add(stream_of(0, 30_000, vocab=3))  # 6-grams of 3 ids repeat
+    idx.seal()
+    assert idx.side_capacity > 0  # the side table exists, so fuzzing it means something
+    src = idx.save(str(tmp_path / "sealed.idx"))
+    p = python(FUZZ_SEALED, src, tmp_path / "fuzzed.idx")  # the timeout catches a probe that never ends
+    assert p.returncode >= 0, f"lookup process killed by signal {-p.returncode}"
+    assert p.returncode == 0, p.stderr
+    outcomes = dict(eval(p.stdout.strip().splitlines()[-1]))
+    assert outcomes["side_off"] == "refused"  # random offsets are never 0 .. capacity in powers of two
+
+
 def test_fill_count_beyond_slots_is_refused_naming_the_file(tmp_path):
     path = HintIndex(GEOM).add(stream_of(1, 5_000)).save(str(tmp_path / "a.idx"))
     fill_off = store.layout(GEOM)[0]
