@@ -70,6 +70,18 @@ def default_chunk_tokens(geom, workers):
     return max(MIN_CHUNK_TOKENS, int(workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
 
 
+def staging_nbytes(geom, workers, n, stage1_chunk):
+    """Bytes of the staging area HintIndex._staging allocates for sub-chunks of up to n tokens
+    (what staging_bytes() then reports; a test checks they agree): the arena of blocks with
+    their lengths and links, the chunk claims, and every worker's chain ends and burst lines."""
+    P, w = geom.n_partitions, workers
+    n_blocks = -(-n // STAGE_BLOCK) + w * P + 1
+    n_chunks = -(-n // stage1_chunk) if w > 1 else 0
+    shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 2 * P)
+    per_worker = P * (5 * 8 + kernels.BURST * 8 + 1)  # head, tail, tail_len, full_blocks, staged; bursts; fills
+    return shared + w * per_worker
+
+
 def alloc(shape, dtype):
     """An uninitialised array on fresh anonymous memory, with transparent huge pages asked for
     (fewer TLB misses on the random bucket accesses of stage 2 and lookup)."""

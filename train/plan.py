@@ -27,13 +27,12 @@ import re
 import sys
 
 from data.download import VARIANTS
-from data.shards import shard_token_count
 from data.loader import CHUNK_TOKENS as BUILDER_CHUNK_TOKENS
+from data.shards import shard_token_count
 from data.units import human_tokens, parse_token_count
-from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, SLOT_BYTES, TARGET_LOAD, Geometry, _human,
+from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, TARGET_LOAD, Geometry, _human,
                             available_memory_bytes, parse_lengths)
-from hints.index import STAGE_BLOCK, default_chunk_tokens
-from hints.kernels import BURST
+from hints.index import STAGE1_CHUNK, default_chunk_tokens, staging_nbytes
 from hints.store import layout
 
 # The article's record: 37B FineWeb100B tokens in the 352 GiB 2^14 x 2^14 x 176 table.
@@ -114,16 +113,10 @@ def size_arg(flag):
 
 
 def staging_bytes(geom, workers, staged_tokens):
-    """Bytes of HintIndex's staging area for add() calls of `staged_tokens` with `workers`:
-    per range, one 4 KiB block per STAGE_BLOCK staged hints plus a partial block per partition,
-    their lengths and links, and each worker's burst lines and chain ends (HintIndex._staging;
-    tests check the two agree)."""
+    """Bytes of HintIndex's staging area for add() calls of `staged_tokens` with `workers`
+    (hints.index.staging_nbytes, for the sub-chunk size the index uses)."""
     n = min(int(staged_tokens), default_chunk_tokens(geom, workers))
-    per_range = -(-n // workers)
-    n_blocks = workers * (-(-per_range // STAGE_BLOCK) + geom.n_partitions + 1)
-    chains = n_blocks * (STAGE_BLOCK * SLOT_BYTES + 2 * 8)  # arena + block_len + block_next
-    per_worker = geom.n_partitions * (2 * 8 + BURST * SLOT_BYTES + 1)  # heads, tails, bursts, fills
-    return chains + workers * per_worker
+    return staging_nbytes(geom, workers, n, STAGE1_CHUNK)
 
 
 def index_file_bytes(geom):
