@@ -8,31 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from data.manifest import write_manifest
-from data.shards import write_shard
-
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 512
 
 
-def phrase_stream(n, rng, phrases):
-    """Tokens < VOCAB, 60% from a fixed set of phrases, so n-grams repeat and hints exist."""
-    out, total = [], 0
-    while total < n:
-        p = phrases[rng.integers(len(phrases))] if rng.random() < 0.6 else rng.integers(0, VOCAB, rng.integers(3, 20))
-        out.append(p)
-        total += len(p)
-    return np.concatenate(out)[:n]
-
-
-def test_compare_reports_three_finite_losses(tmp_path):
-    rng = np.random.default_rng(0)
-    phrases = [rng.integers(0, VOCAB, size=rng.integers(8, 40)) for _ in range(100)]
-    write_shard(tmp_path / "train_000000.bin", phrase_stream(30_000, rng, phrases))
-    write_shard(tmp_path / "val_000000.bin", phrase_stream(5_000, rng, phrases))
-    write_manifest(tmp_path)
+def test_compare_reports_three_finite_losses(tmp_path, phrase_corpus):
+    phrase_corpus(tmp_path, {"train_000000.bin": 30_000, "val_000000.bin": 5_000}, VOCAB, n_phrases=100)
     out = tmp_path / "compare"
     train_args = ["--preset", "demo", "--train-files", str(tmp_path / "train_*.bin"),
                   "--val-files", str(tmp_path / "val_*.bin"), "--vocab-size", str(VOCAB), "--n-layer", "2",

@@ -15,11 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-from data.manifest import write_manifest
-from data.shards import write_shard
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 512
@@ -37,26 +33,10 @@ KILLED_RUN_TIMEOUT_S = 120
 BG_WAIT_S = 60
 
 
-def phrase_stream(n, rng, phrases):
-    """Tokens < VOCAB, 60% from a fixed set of phrases, so n-grams repeat and hints exist."""
-    out, total = [], 0
-    while total < n:
-        p = phrases[rng.integers(len(phrases))] if rng.random() < 0.6 else rng.integers(0, VOCAB, rng.integers(3, 20))
-        out.append(p)
-        total += len(p)
-    return np.concatenate(out)[:n]
-
-
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rehearsal")
-    rng = np.random.default_rng(0)
-    phrases = [rng.integers(0, VOCAB, size=rng.integers(8, 40)) for _ in range(200)]
-    write_shard(d / "train_000000.bin", phrase_stream(40_000, rng, phrases))
-    write_shard(d / "train_000001.bin", phrase_stream(30_000, rng, phrases))
-    write_shard(d / "val_000000.bin", phrase_stream(8_000, rng, phrases))
-    write_manifest(d)
-    return d
+def corpus(tmp_path_factory, phrase_corpus):
+    sizes = {"train_000000.bin": 40_000, "train_000001.bin": 30_000, "val_000000.bin": 8_000}
+    return phrase_corpus(tmp_path_factory.mktemp("rehearsal"), sizes, VOCAB)
 
 
 def children_map():

@@ -33,27 +33,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERE
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def phrase_stream(n, seed, phrases):
-    """Tokens < VOCAB: 60% of the text is drawn from a fixed set of phrases, so n-grams repeat."""
-    rng = np.random.default_rng(seed)
-    out, total = [], 0
-    while total < n:
-        p = phrases[rng.integers(len(phrases))] if rng.random() < 0.6 else rng.integers(0, VOCAB, rng.integers(3, 20))
-        out.append(p)
-        total += len(p)
-    return np.concatenate(out)[:n]
-
-
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    phrases = [rng.integers(0, VOCAB, size=rng.integers(8, 40)) for _ in range(200)]
-    write_shard(d / "train_000000.bin", phrase_stream(60_000, 1, phrases))
-    write_shard(d / "train_000001.bin", phrase_stream(40_000, 2, phrases))
-    write_shard(d / "val_000000.bin", phrase_stream(10_000, 3, phrases))
-    write_manifest(d)
-    return d
+def corpus(tmp_path_factory, phrase_corpus):
+    sizes = {"train_000000.bin": 60_000, "train_000001.bin": 40_000, "val_000000.bin": 10_000}
+    return phrase_corpus(tmp_path_factory.mktemp("corpus"), sizes, VOCAB)
 
 
 def tiny_args(corpus, tmp_path, *extra):
