@@ -35,7 +35,11 @@ RUN_TIMEOUT=${AB_RUN_TIMEOUT:-170}
 mkdir -p "$OUT_DIR"
 t0=$(date +%s)
 
-$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; print('gpu_ab:', torch.__version__, torch.cuda.get_device_name(0))"
+if ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "gpu_ab: no CUDA GPU here (or no torch with CUDA): nothing to measure"
+    exit 0
+fi
+$PY -c "import torch; print('gpu_ab:', torch.__version__, torch.cuda.get_device_name(0))"
 help=$($PY train_gpt.py --help)
 missing=""
 for flag in --grad-sync --compile-mode --unet-skips --embed-skips --value-embeds --window-attn \
@@ -53,7 +57,8 @@ if ! ls "$CORPUS"/train_*.bin >/dev/null 2>&1; then
 fi
 echo "gpu_ab: corpus ready after $(( $(date +%s) - t0 ))s"
 
-OLD_BACKBONE=""
+# the record preset turns the 2025-01-04 backbone on: the old runs turn every feature off again
+OLD_BACKBONE="--no-unet-skips --no-embed-skips --value-embeds 0 --no-window-attn --no-attn-layers= --rope full --muon-momentum-warmup 0"
 NEW_BACKBONE="--unet-skips --embed-skips --value-embeds 3 --window-attn --no-attn-layers 7 --rope half --muon-momentum-warmup 300"
 for run in $RUNS; do
     case $run in
@@ -64,7 +69,7 @@ for run in $RUNS; do
     esac
     echo "=== gpu_ab run $run: $flags ($(( $(date +%s) - t0 ))s so far)"
     # shellcheck disable=SC2086
-    TORCH_LOGS=recompiles timeout "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node="$NPROC" train_gpt.py \
+    TORCH_LOGS=recompiles timeout "$RUN_TIMEOUT" $PY -m torch.distributed.run --standalone --nproc_per_node="$NPROC" train_gpt.py \
         --preset record --train-files "$CORPUS/train_*.bin" --val-files "$CORPUS/val_*.bin" \
         --steps "$STEPS" --warmup-steps 10 --batch-size 16 --val-batch-size 16 --val-tokens 524288 \
         --val-every 0 --log-every 10 --hint-tokens 0 --seed 0 $flags \
