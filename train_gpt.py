@@ -27,9 +27,9 @@ import torch
 from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_files
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
-from hints import Geometry, HintIndex, n_kinds
+from hints import Geometry, HintIndex
 from hints.geometry import DEFAULT_LENGTHS, parse_lengths
-from model import GPT, RECORD_BACKBONE, GPTConfig, build_optimizers, gpu_paths_enabled
+from model import RECORD_BACKBONE, gpu_paths_enabled
 from model.gpt import ATTN_BLOCK_SIZE
 from train import checkpoint
 from train.common import REPO_DIR, init_dist, keep_freed_memory, new_run_id, open_log
@@ -37,8 +37,8 @@ from train.data import open_data, repo_glob
 from train.evaluate import ValHintCache, evaluate, validate
 from train.hint_prep import HintPrep
 from train.meter import Meter
-from train.placement import pin, place_cuda_ranks
-from train.step import LLMC_STEPS, TrainStep
+from train.placement import pin_cuda_rank
+from train.step import LLMC_STEPS, build_model
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_STEPS,
                         add_plan_args, plan_for_run)
 from train.val_hints import VAL_LOOKUP_WORKERS, count_exact_val_hints, open_val_index, start_background
@@ -228,28 +228,11 @@ def main(argv=None):
     # -- model and optimizers --------------------------------------------------------------------
     torch.manual_seed(args.seed), np.random.seed(args.seed), random.seed(args.seed)
     lengths = args.hint_lengths
-    speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
-                    window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
-                    attn_block_size=args.attn_block_size)
-    try:
-        cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                        arch=args.arch, max_seq_len=T, n_hint_lengths=len(lengths), n_hint_kinds=n_kinds(len(lengths)),
-                        **(speedrun if args.arch == "speedrun" else {}))
-    except ValueError as e:  # a model shape or feature set the flags cannot make
-        raise SystemExit(f"error: model: {e}") from None
-    model = GPT(cfg).to(d.device)
-    optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
-                                  grad_sync=args.grad_sync)
-    compile_model = gpu_paths_enabled() if args.compile is None else args.compile
-    if compile_model and args.compile_mode == "regions":
-        train_model = model.compile_regions()
-    else:
-        train_model = torch.compile(model, dynamic=False) if compile_model else model
-    train_step = TrainStep(model, train_model, optimizers, total=total, grad_sync=args.grad_sync,
-                           muon_warmup=args.muon_momentum_warmup, device=d.device)
+    model, train_model, optimizers, train_step = build_model(args, d, total)
+    cfg = model.cfg
     log(f"model: {args.arch} {cfg.n_layer} layers x {cfg.n_embd} wide, {cfg.n_head} heads, seq_len {T}, "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, backbone features "
-        f"{cfg.speedrun_features() or 'none'}, compile {args.compile_mode if compile_model else 'off'}")
+        f"{cfg.speedrun_features() or 'none'}")
     log(f"training: {total} steps x {global_batch:,} tokens ({d.world_size} x {B} x {T}) = "
         f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale}, {train_step.describe()}")
 
@@ -264,10 +247,7 @@ def main(argv=None):
         raise SystemExit("error: --switch-hints-at: needs a background index built from --hint-files disjoint from "
                          "--train-files (an index holding the training tokens would hint the very tokens being predicted)")
     if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
-        placement = place_cuda_ranks(d.local_world_size, 1 + args.hint_workers)
-        pin(placement.rank_cpus[d.local_rank])
-        builder_cpus = list(placement.builder_cpus) or None
-        log(f"placement: rank cpus {list(placement.rank_cpus)}, builder cpus {builder_cpus} {list(placement.notes)}")
+        builder_cpus = pin_cuda_rank(d.local_rank, d.local_world_size, 1 + args.hint_workers, log)
     if with_background:
         bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
                                               if args.hint_geometry else None)

@@ -180,6 +180,15 @@ def place_cuda_ranks(local_world_size: int, threads_per_rank: int) -> Placement:
     return plan_placement(read_topology(), nodes, threads_per_rank)
 
 
+def pin_cuda_rank(local_rank: int, local_world_size: int, threads_per_rank: int, log=print):
+    """Pin this rank to its cores (place_cuda_ranks) and return the builder's cores (None: none left)."""
+    placement = place_cuda_ranks(local_world_size, threads_per_rank)
+    pin(placement.rank_cpus[local_rank])
+    builder = list(placement.builder_cpus) or None
+    log(f"placement: rank cpus {list(placement.rank_cpus)}, builder cpus {builder} {list(placement.notes)}")
+    return builder
+
+
 def pin(cpus) -> None:
     """Pin the calling thread (and the threads it starts later) to `cpus`."""
     os.sched_setaffinity(0, cpus)

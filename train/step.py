@@ -10,8 +10,9 @@ along a cosine over the whole run and clips gradients at norm 1.0.
 """
 import torch
 
-from model import (GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context, lr_multiplier,
-                   muon_momentum)
+from hints import n_kinds
+from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context,
+                   build_optimizers, gpu_paths_enabled, lr_multiplier, muon_momentum)
 
 SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
 LLMC_STEPS = 18_865           # llm.c GPT-2 124M: 10B tokens at 524,288 per step
@@ -23,8 +24,9 @@ class TrainStep:
     """`step(item, i)`: train on one prepared batch (train/hint_prep.py's Prepared) as step i of
     `total`; returns the loss as a device tensor (read later, so the step does not sync)."""
 
-    def __init__(self, model, train_model, optimizers, *, total, grad_sync, muon_warmup, device):
+    def __init__(self, model, train_model, optimizers, *, total, grad_sync, muon_warmup, device, compiled="off"):
         self.model, self.train_model, self.optimizers, self.device = model, train_model, optimizers, device
+        self.compiled = compiled
         self.total, self.muon_warmup = total, muon_warmup
         self.sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
         self.gpt2 = model.cfg.arch == "gpt2"
@@ -33,7 +35,7 @@ class TrainStep:
 
     def describe(self):
         return (f"lr warm-up {self.lr_warmup} steps, {self.lr_shape} decay over {self.cooldown:.0%}, Muon momentum warm-up "
-                f"{self.muon_warmup} steps, grad sync {'overlap' if self.sync else 'allreduce'}")
+                f"{self.muon_warmup} steps, grad sync {'overlap' if self.sync else 'allreduce'}, compile {self.compiled}")
 
     def set_schedules(self, step):
         for opt in self.optimizers:
@@ -59,3 +61,31 @@ class TrainStep:
             opt.step()
         self.sync.zero_grad() if self.sync else self.model.zero_grad(set_to_none=True)
         return loss.detach()
+
+
+def build_model(args, d, total):
+    """(model, the module that trains (compiled or not), optimizers, TrainStep) from the trainer's
+    flags: the arch and its backbone features, hint lengths (their kind count), grad sync and
+    compile mode. Flags that make no valid model end the run in one line."""
+    speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
+                    window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
+                    attn_block_size=args.attn_block_size)
+    K = len(args.hint_lengths)
+    try:
+        cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                        arch=args.arch, max_seq_len=args.seq_len, n_hint_lengths=K, n_hint_kinds=n_kinds(K),
+                        **(speedrun if args.arch == "speedrun" else {}))
+    except ValueError as e:
+        raise SystemExit(f"error: model: {e}") from None
+    model = GPT(cfg).to(d.device)
+    optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
+                                  grad_sync=args.grad_sync)
+    compile_model = gpu_paths_enabled() if args.compile is None else args.compile
+    if compile_model and args.compile_mode == "regions":
+        train_model = model.compile_regions()  # in place: the same module, its blocks compiled
+    else:
+        train_model = torch.compile(model, dynamic=False) if compile_model else model
+    step = TrainStep(model, train_model, optimizers, total=total, grad_sync=args.grad_sync,
+                     muon_warmup=args.muon_momentum_warmup, device=d.device,
+                     compiled=args.compile_mode if compile_model else "off")
+    return model, train_model, optimizers, step
