@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from data.manifest import shard_set
 from data.shards import TOKEN_DTYPE, ShardWriter
-from data.tokenizer import VOCAB_SIZE, encode_document, gpt2
+from data.tokenizer import VOCAB_SIZE, default_sigterm, encode_document, gpt2
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 SHARD_SIZE = 10**8  # tokens per shard, as in modded-nanogpt's fineweb.py and the cached shards
@@ -68,7 +68,7 @@ def write_shards(texts, out_dir, prefix="fineweb", shard_size=SHARD_SIZE, worker
     with shard_set(out_dir, owned=re.compile(rf"^{re.escape(prefix)}_(val|train)_\d{{6}}\.bin$")) as tmp:
         writer = ShardWriter(lambda i: shard_path(tmp, prefix, i), shard_size, max_tokens=cap)
         bar = tqdm(total=cap, unit="tok", unit_scale=True, desc="tokenizing", disable=not progress)
-        pool = mp.Pool(workers) if workers > 1 else None
+        pool = mp.Pool(workers, initializer=default_sigterm) if workers > 1 else None
         try:
             docs = pool.imap(tokenize_document, texts, chunksize=chunksize) if pool else map(tokenize_document, texts)
             for doc in docs:

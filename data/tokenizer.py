@@ -10,6 +10,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import signal
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -85,3 +86,11 @@ def encode_document(text):
 def decode(tokens):
     """Text of a sequence of token ids (any iterable of ints)."""
     return gpt2().decode([int(t) for t in tokens])
+
+
+def default_sigterm():
+    """Initializer of the tokenizing Pool's workers: SIGTERM ends a worker at once. A forked worker
+    inherits its parent's Python-level handler (the trainer turns SIGTERM into SystemExit), which
+    cannot run while the worker waits in C on the task queue's lock, so Pool.terminate() would
+    then wait for it forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
