@@ -115,6 +115,8 @@ def parse_args(argv=None):
     g.add_argument("--seq-len", type=count(1), help="tokens per sequence")
     g.add_argument("--batch-size", type=count(1), help="sequences per rank per step")
     g.add_argument("--val-batch-size", type=count(1), help="sequences per rank per validation batch")
+    g.add_argument("--align-documents", action="store_true", help="start every training sequence at an "
+                   "end-of-text token within its first seq-len tokens (training-time hints stay causal)")
     g = p.add_argument_group("model")
     g.add_argument("--arch", choices=("speedrun", "gpt2"), help="speedrun GPT or the llm.c GPT-2 baseline")
     g.add_argument("--n-layer", type=count(2))
@@ -270,7 +272,8 @@ def main(argv=None):
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
         warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else None
-        warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size),
+        warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size,
+                                              align_to_documents=args.align_documents),
                         warm_index, d.rank, d.world_size, pin=d.cuda)
         seconds = warm_up_and_undo(
             model, optimizers, lambda i: train_step(warm.prepare(), start_step + i), args.warmup_steps,

@@ -13,6 +13,15 @@ continue one stream.
 Wrap-around: when fewer than G + 1 tokens remain, the tail is skipped, the stream
 restarts at token 0, `epoch` goes up by one and a line is logged.
 
+`align_to_documents=True`: every sequence (row) starts at an end-of-text token when one
+lies within the T tokens at the cursor (skipping the tokens before it); otherwise it
+starts at the cursor. The next sequence's cursor is the end of this one's inputs. Rows
+are planned in order (row j of rank r is sequence r*B + j), identically on every rank,
+so ranks stay disjoint and deterministic; `global_tokens` is still the concatenation of
+all rows' inputs, now with the skipped gaps left out, and rank r's inputs are still its
+slice [r*B*T, (r+1)*B*T) of it, so the training-time hints stay causal. Wrap-around there
+is per sequence.
+
 Nothing here imports torch: batches are numpy arrays, the trainer converts them.
 """
 
@@ -23,6 +32,7 @@ import numpy as np
 
 from data.manifest import check_shards
 from data.shards import read_shard, shard_token_count
+from data.tokenizer import EOT_TOKEN
 
 OPEN_SHARDS = 4  # memory maps kept open at once (1030 FineWeb100B shards would exhaust file descriptors)
 # Tokens per chunk when a stream is read in pieces (iter_tokens; HintIndex.add calls of the hint
@@ -99,7 +109,8 @@ class DistributedDataLoader:
     exact semantics.
     """
 
-    def __init__(self, files, batch_size, seq_len, rank=0, world_size=1, dtype=np.int64, log="default"):
+    def __init__(self, files, batch_size, seq_len, rank=0, world_size=1, align_to_documents=False,
+                 dtype=np.int64, eot_token=EOT_TOKEN, log="default"):
         for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"DistributedDataLoader: {name} is {v!r}, expected a positive integer")
@@ -108,12 +119,14 @@ class DistributedDataLoader:
         self.stream = TokenStream(files)
         self.B, self.T, self.rank, self.world_size = int(batch_size), int(seq_len), int(rank), int(world_size)
         self.global_batch_tokens = self.world_size * self.B * self.T
+        self.align_to_documents = bool(align_to_documents)
         self.dtype = np.dtype(dtype)
+        self.eot_token = int(eot_token)
         self.log = (print if rank == 0 else None) if log == "default" else log
-        need = self.global_batch_tokens + 1
+        need = (self.T if self.align_to_documents else self.global_batch_tokens) + 1
         if self.stream.total < need:
             raise ValueError(f"DistributedDataLoader: shards {self.stream.files[0]} ... hold {self.stream.total} "
-                             f"tokens, need at least {need} for one global batch")
+                             f"tokens, need at least {need} for one {'sequence' if self.align_to_documents else 'global batch'}")
         self.pos = 0  # stream position where the next step starts
         self.step = 0  # steps taken
         self.epoch = 0  # completed passes over the stream
@@ -125,17 +138,42 @@ class DistributedDataLoader:
                      f"wrapping around to its start, epoch {self.epoch}")
         return 0
 
+    def _plan_aligned(self):
+        """Start positions of the step's world_size * B sequences, advancing pos."""
+        T, total, pos, starts = self.T, self.stream.total, self.pos, []
+        for _ in range(self.world_size * self.B):
+            if pos + T + 1 > total:
+                pos = self._wrap()
+            window = self.stream.read(pos, min(pos + T, total))
+            hits = np.flatnonzero(window == self.eot_token)
+            start = pos + int(hits[0]) if hits.size else pos
+            if start + T + 1 > total:  # the aligned start runs past the end: take the next epoch's first row
+                pos = self._wrap()
+                window = self.stream.read(pos, pos + T)
+                hits = np.flatnonzero(window == self.eot_token)
+                start = int(hits[0]) if hits.size and hits[0] + T + 1 <= total else 0
+            starts.append(start)
+            pos = start + T
+        self.pos = pos
+        return starts
+
     def next_batch(self):
         """The next Batch(x, y, global_tokens) for this rank; advances the stream by one step."""
         B, T, r = self.B, self.T, self.rank
-        G = self.global_batch_tokens
-        if self.pos + G + 1 > self.stream.total:
-            self.pos = self._wrap()
-        buf = self.stream.read(self.pos, self.pos + G + 1)
-        mine = buf[r * B * T:(r + 1) * B * T + 1]
-        x, y = mine[:-1].reshape(B, T), mine[1:].reshape(B, T)
-        global_tokens = buf[:-1]
-        self.pos += G
+        if self.align_to_documents:
+            rows = [self.stream.read(s, s + T + 1) for s in self._plan_aligned()]
+            mine = np.stack(rows[r * B:(r + 1) * B])
+            x, y = mine[:, :-1], mine[:, 1:]
+            global_tokens = np.concatenate([row[:-1] for row in rows])
+        else:
+            G = self.global_batch_tokens
+            if self.pos + G + 1 > self.stream.total:
+                self.pos = self._wrap()
+            buf = self.stream.read(self.pos, self.pos + G + 1)
+            mine = buf[r * B * T:(r + 1) * B * T + 1]
+            x, y = mine[:-1].reshape(B, T), mine[1:].reshape(B, T)
+            global_tokens = buf[:-1]
+            self.pos += G
         self.step += 1
         return Batch(x.astype(self.dtype), y.astype(self.dtype), global_tokens)
 
@@ -156,6 +194,7 @@ class DistributedDataLoader:
             "shard_name": os.path.basename(self.stream.files[shard]),
             "global_batch_tokens": self.global_batch_tokens,
             "seq_len": self.T,
+            "align_to_documents": self.align_to_documents,
         }
 
     def load_state_dict(self, state, strict=True):
@@ -171,7 +210,8 @@ class DistributedDataLoader:
             name = os.path.basename(self.stream.files[shard])
             if state.get("shard_name", name) != name:
                 raise ValueError(f"load_state_dict: shard {shard} is {name}, but the state was saved at {state['shard_name']}")
-            for key, mine in (("global_batch_tokens", self.global_batch_tokens), ("seq_len", self.T)):
+            for key, mine in (("global_batch_tokens", self.global_batch_tokens), ("seq_len", self.T),
+                              ("align_to_documents", self.align_to_documents)):
                 if key in state and state[key] != mine:
                     raise ValueError(f"load_state_dict: {key} is {state[key]} in the state, {mine} in this loader")
         self.pos = int(self.stream.starts[shard]) + offset

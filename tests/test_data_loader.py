@@ -1,5 +1,5 @@
 """Tests for data/loader.py: determinism, rank layout, global batches, resume, wrap-around,
-and the plain readers."""
+document alignment, and the plain readers."""
 
 import json
 
@@ -9,13 +9,16 @@ import pytest
 from data.loader import DistributedDataLoader, TokenStream, iter_tokens, read_tokens
 from data.manifest import write_manifest
 from data.shards import write_shard
+from data.tokenizer import EOT_TOKEN
 
 SHARD_SIZES = [1000, 37, 0, 1500, 463]  # uneven, with an empty shard: batches cross shard boundaries
 
 
-def make_shards(tmp_path, sizes=SHARD_SIZES, seed=0):
+def make_shards(tmp_path, sizes=SHARD_SIZES, seed=0, eot_every=None):
     rng = np.random.default_rng(seed)
     stream = rng.integers(0, 50000, size=sum(sizes), dtype=np.int64)
+    if eot_every:
+        stream[rng.random(stream.size) < 1 / eot_every] = EOT_TOKEN
     paths, pos = [], 0
     for i, n in enumerate(sizes):
         paths.append(write_shard(tmp_path / f"train_{i:06d}.bin", stream[pos:pos + n]))
@@ -75,16 +78,17 @@ def test_uint16_dtype(tmp_path):
     np.testing.assert_array_equal(b.x.ravel(), stream[:16])
 
 
-def test_resume_reproduces_batches(tmp_path):
-    pattern, _ = make_shards(tmp_path)
+@pytest.mark.parametrize("align", [False, True])
+def test_resume_reproduces_batches(tmp_path, align):
+    pattern, _ = make_shards(tmp_path, eot_every=20)
     W, B, T = 2, 2, 48  # 192 tokens a step: the 3000-token stream wraps within the test
-    ref = loaders(pattern, B, T, W)
+    ref = loaders(pattern, B, T, W, align_to_documents=align)
     for _ in range(7):
         for l in ref:
             l.next_batch()
     states = [json.loads(json.dumps(l.state_dict())) for l in ref]  # state survives JSON
     assert states[0]["step"] == 7
-    resumed = loaders(pattern, B, T, W)
+    resumed = loaders(pattern, B, T, W, align_to_documents=align)
     for l, s in zip(resumed, states):
         l.load_state_dict(s)
     for _ in range(15):  # long enough to wrap around
@@ -133,6 +137,30 @@ def test_default_log_only_rank0(tmp_path, capsys):
             l.next_batch()
     out = capsys.readouterr().out
     assert out.count("wrapping around") == 1
+
+
+def test_align_to_documents(tmp_path):
+    pattern, stream = make_shards(tmp_path, eot_every=15)
+    W, B, T = 2, 3, 20
+    ls = loaders(pattern, B, T, W, align_to_documents=True)
+    cursor, n_aligned, n_rows = 0, 0, 0
+    for _ in range(6):  # 36 rows of <= 39 tokens each: no wrap-around in 3000 tokens
+        batches = [l.next_batch() for l in ls]
+        rows = np.concatenate([b.x for b in batches])  # row k of rank r is sequence r*B + k
+        np.testing.assert_array_equal(batches[0].global_tokens, rows.ravel().astype(np.uint16))
+        for b in batches:
+            np.testing.assert_array_equal(b.x[:, 1:], b.y[:, :-1])
+        for row in rows:
+            window = stream[cursor:cursor + T]
+            hits = np.flatnonzero(window == EOT_TOKEN)
+            start = cursor + int(hits[0]) if hits.size else cursor  # the documented rule
+            np.testing.assert_array_equal(row, stream[start:start + T])
+            n_aligned += int(hits.size > 0)
+            n_rows += 1
+            cursor = start + T  # the next row starts after this one: rows never overlap
+        y_last = batches[-1].y[-1, -1]
+        assert y_last == stream[cursor]
+    assert 0 < n_aligned < n_rows
 
 
 def test_too_few_tokens(tmp_path):

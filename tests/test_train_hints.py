@@ -11,6 +11,7 @@ import torch
 
 from data.loader import Batch, DistributedDataLoader
 from data.shards import write_shard
+from data.tokenizer import EOT_TOKEN
 from hints import Geometry, HintIndex
 from train.evaluate import ValHintCache, val_split
 from train.val_hints import pick_val_index
@@ -52,8 +53,8 @@ def planted_stream(steps=6, seed=0):
     return s, ends
 
 
-def prep_for(path, rank, world, batch):
-    loader = DistributedDataLoader(path, batch, T, rank=rank, world_size=world, log=None)
+def prep_for(path, rank, world, batch, align=False):
+    loader = DistributedDataLoader(path, batch, T, rank=rank, world_size=world, log=None, align_to_documents=align)
     return HintPrep(loader, HintIndex(GEOM), rank=rank, world_size=world)
 
 
@@ -88,6 +89,30 @@ def test_training_hints_are_causal_and_span_rank_and_step_boundaries(tmp_path):
             assert (tok == -1).all()  # an empty index hints nothing
     for p in preps:
         assert p.index.tokens_added == 6 * G  # every rank's index holds the whole global stream
+
+
+def test_document_aligned_batches_keep_hints_causal(tmp_path):
+    """With rows starting at end-of-text tokens (gaps skipped), the hints of every step still
+    equal those of an index holding exactly the earlier steps' rows, on every rank, and a planted
+    n-gram's first occurrence has no hint while its next one does."""
+    rng = np.random.default_rng(5)
+    stream = rng.integers(1000, 50000, size=12 * G).astype(np.uint16)
+    stream[rng.random(stream.size) < 1 / 25] = EOT_TOKEN  # documents of ~25 tokens
+    for end in range(200, 1500, 130):  # NGRAM -> FOLLOW planted ten times (some fall in skipped gaps)
+        stream[end - 19:end + 1], stream[end + 1] = NGRAM, FOLLOW
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    preps = [prep_for(path, r, WORLD, B, align=True) for r in range(WORLD)]
+    ref, seen_rows, hinted = HintIndex(GEOM), [], 0
+    for step in range(6):
+        items, tok, kind = global_hints(preps)
+        rows = np.concatenate([it.x.numpy().reshape(-1) for it in items]).astype(np.uint16)
+        h = ref.lookup(np.concatenate(seen_rows + [rows]))  # the index of earlier steps' rows only
+        np.testing.assert_array_equal(tok, h.token[:, -rows.size:].T)
+        np.testing.assert_array_equal(kind, h.kind[:, -rows.size:].T)
+        ref.add(rows)
+        seen_rows.append(rows)
+        hinted += int((tok[:, 0] == FOLLOW).sum())
+    assert hinted >= 1  # a later occurrence of the planted n-gram was hinted from an earlier step
 
 
 def test_two_ranks_give_the_hints_of_one_rank_with_the_whole_batch(tmp_path):

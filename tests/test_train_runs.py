@@ -276,6 +276,7 @@ def test_llmc_preset_runs_four_lengths_end_to_end(corpus, tmp_path):
                "--n-embd", "48", "--n-head", "2", "--seq-len", "64", "--batch-size", "2", "--steps", "4",
                "--val-every", "2", "--val-tokens", "2048", "--val-batch-size", "4", "--warmup-steps", "0",
                "--hint-tokens", "50000", "--bg-wait", "60", "--node-rank-ram", "1GiB", "--train-index-geometry", "tiny",
+               "--align-documents",
                "--log-dir", str(tmp_path / "logs"), "--summary-json", str(tmp_path / "s.json")])
     assert s["arch"] == "gpt2" and s["hint_lengths"] == [5, 6, 10, 20] and s["hint_kinds"] == n_kinds(4)
     assert s["plan"]["geometry"]["lengths"] == [5, 6, 10, 20] and s["val_index"] == "background"

@@ -29,7 +29,8 @@ def open_data(args, d, log, local_corpus=False):
         for files in (train_files, val_files):
             check_token_ids(files, args.vocab_size)
         loader = DistributedDataLoader(train_files, args.batch_size, args.seq_len, rank=d.rank,
-                                       world_size=d.world_size, log=log if d.master else None)
+                                       world_size=d.world_size, align_to_documents=args.align_documents,
+                                       log=log if d.master else None)
         val_tokens = read_val_tokens(val_files, args.val_tokens)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
