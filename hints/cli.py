@@ -84,52 +84,50 @@ def cmd_stats(args):
                 json.dump(dict(index=s, hints=st), f, indent=1)
 
 
+def bench_tokens(args):
+    """(training tokens, query tokens, shard glob or None, what they are) for the benchmarks:
+    --tokens (and --query), else the local corpus that --corpus names (stdlib by default)."""
+    if args.tokens:
+        train = read_all(args.tokens, args.max_tokens)
+        query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
+        return train, query, None if args.tokens.endswith(".npy") else args.tokens, args.tokens
+    corpus_name = getattr(args, "corpus", "stdlib")
+    if corpus_name == "prose":
+        from data.prose_corpus import build_prose_corpus as build_corpus
+    else:
+        from data.local_corpus import build_local_corpus as build_corpus
+    corpus = build_corpus(max_train_tokens=args.max_tokens)
+    train = read_all(corpus["train_pattern"], args.max_tokens)
+    query = read_all(corpus["val_pattern"], args.query_tokens)
+    return train, query, corpus["train_pattern"], f"{corpus_name} corpus ({corpus['src_dir']})"
+
+
+def print_and_save(table, res, json_path):
+    print()
+    print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def cmd_bench(args):
     from .bench import format_table, run_bench
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: expected at least 1")
-    if args.tokens:
-        train = read_all(args.tokens, args.max_tokens)
-        query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
-        shards = None if args.tokens.endswith(".npy") else args.tokens
-        source = args.tokens
-    else:
-        if args.corpus == "prose":
-            from data.prose_corpus import build_prose_corpus as build_corpus
-        else:
-            from data.local_corpus import build_local_corpus as build_corpus
-        corpus = build_corpus(max_train_tokens=args.max_tokens)
-        train = read_all(corpus["train_pattern"], args.max_tokens)
-        query = read_all(corpus["val_pattern"], args.query_tokens)
-        shards, source = corpus["train_pattern"], f"{args.corpus} corpus ({corpus['src_dir']})"
+    train, query, shards, source = bench_tokens(args)
     geom = Geometry.parse(args.geometry, train.size, args.lengths)
     print(f"corpus: {source}")
     res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
                     shards=shards, record_step=args.record_step)
     res["corpus"] = source
-    print()
-    print(format_table(res))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    print_and_save(format_table(res), res, args.json)
 
 
 def cmd_exact_bench(args):
     from .exact_bench import format_exact_table, run_exact_bench
-    if args.tokens:
-        train = read_all(args.tokens, args.max_tokens)
-        query = read_all(args.query, args.query_tokens) if args.query else train[-args.query_tokens:]
-    else:
-        from data.local_corpus import build_local_corpus
-        corpus = build_local_corpus(max_train_tokens=args.max_tokens)
-        train = read_all(corpus["train_pattern"], args.max_tokens)
-        query = read_all(corpus["val_pattern"], args.query_tokens)
+    train, query, _, _ = bench_tokens(args)
     res = run_exact_bench(train, query, args.lengths, workers=args.workers, repeats=args.repeats)
-    print()
-    print(format_exact_table(res))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    print_and_save(format_exact_table(res), res, args.json)
 
 
 def cmd_scaling(args):
