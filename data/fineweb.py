@@ -10,7 +10,6 @@ and the folder's manifest.json lists exactly the new set.
 """
 
 import argparse
-import multiprocessing as mp
 import os
 import re
 import sys
@@ -20,7 +19,7 @@ from tqdm import tqdm
 
 from data.manifest import shard_set
 from data.shards import TOKEN_DTYPE, ShardWriter
-from data.tokenizer import VOCAB_SIZE, default_sigterm, encode_document, gpt2
+from data.tokenizer import VOCAB_SIZE, encode_document, gpt2, tokenizing_pool
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 SHARD_SIZE = 10**8  # tokens per shard, as in modded-nanogpt's fineweb.py and the cached shards
@@ -68,7 +67,7 @@ def write_shards(texts, out_dir, prefix="fineweb", shard_size=SHARD_SIZE, worker
     with shard_set(out_dir, owned=re.compile(rf"^{re.escape(prefix)}_(val|train)_\d{{6}}\.bin$")) as tmp:
         writer = ShardWriter(lambda i: shard_path(tmp, prefix, i), shard_size, max_tokens=cap)
         bar = tqdm(total=cap, unit="tok", unit_scale=True, desc="tokenizing", disable=not progress)
-        pool = mp.Pool(workers, initializer=default_sigterm) if workers > 1 else None
+        pool = tokenizing_pool(workers)
         try:
             docs = pool.imap(tokenize_document, texts, chunksize=chunksize) if pool else map(tokenize_document, texts)
             for doc in docs:

@@ -14,7 +14,6 @@ import argparse
 import fnmatch
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import re
 import sys
@@ -24,7 +23,7 @@ from tqdm import tqdm
 
 from data.manifest import check_shards, shard_set
 from data.shards import TOKEN_DTYPE, ShardWriter, shard_token_count
-from data.tokenizer import default_sigterm, encode_document, gpt2
+from data.tokenizer import encode_document, gpt2, tokenizing_pool
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT_DIR = os.path.join(DATA_DIR, "local_corpus")
@@ -179,7 +178,7 @@ def build_local_corpus(src_dir=None, out_dir=DEFAULT_OUT_DIR, val_fraction=VAL_F
             split: ShardWriter(lambda i, s=split: os.path.join(tmp, f"{s}_{i:06d}.bin"), shard_tokens, cap)
             for split, cap in (("train", max_train_tokens), ("val", max_val_tokens))
         }
-        pool = mp.Pool(workers, initializer=default_sigterm) if workers > 1 else None
+        pool = tokenizing_pool(workers)
         bar = tqdm(total=len(jobs), unit="file", desc="tokenizing", disable=not progress)
         try:
             paths = [os.path.join(src_dir, rel) for _, rel in jobs]

@@ -88,9 +88,14 @@ def decode(tokens):
     return gpt2().decode([int(t) for t in tokens])
 
 
-def default_sigterm():
-    """Initializer of the tokenizing Pool's workers: SIGTERM ends a worker at once. A forked worker
-    inherits its parent's Python-level handler (the trainer turns SIGTERM into SystemExit), which
-    cannot run while the worker waits in C on the task queue's lock, so Pool.terminate() would
-    then wait for it forever."""
+def tokenizing_pool(workers):
+    """A Pool of `workers` processes for tokenizing (None for one: tokenize in this process).
+    Its workers take SIGTERM's default action: a forked worker otherwise inherits its parent's
+    Python-level handler (the trainer turns SIGTERM into SystemExit), which cannot run while the
+    worker waits in C on the task queue's lock, and Pool.terminate() then waits for it forever."""
+    import multiprocessing as mp
+    return mp.Pool(workers, initializer=_default_sigterm) if workers > 1 else None
+
+
+def _default_sigterm():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
