@@ -142,6 +142,9 @@ def signal_builder_when_started(sig, parent):
     return t, sent
 
 
+LATE_WAIT_S = 3  # a paused builder is waited for this long at the final validation, on the clock
+
+
 @pytest.mark.parametrize("mode", ["ready", "late", "killed"])
 def test_background_index_real_builder(corpus, tmp_path, mode):
     """The real builder process: used when ready; when paused (late) or killed mid-run the run
@@ -149,7 +152,8 @@ def test_background_index_real_builder(corpus, tmp_path, mode):
     shm_before = set(glob.glob(os.path.join(SHM_DIR, "hints-*")))
     summary = tmp_path / "s.json"
     args = tiny_args(corpus, tmp_path, "--steps", "4", "--batch-size", "2", "--val-every", "2",
-                     "--bg-wait", "60" if mode == "ready" else "0", "--summary-json", str(summary))
+                     "--bg-wait", {"ready": "60", "late": str(LATE_WAIT_S), "killed": "0"}[mode],
+                     "--summary-json", str(summary))
     args[args.index("--hint-tokens") + 1] = "50000"
     p = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), *args], cwd=REPO, env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -169,6 +173,8 @@ def test_background_index_real_builder(corpus, tmp_path, mode):
         late = ("starting", "running")  # paused before or after its first status write
         assert s["background"]["state"] in (("failed",) if mode == "killed" else late)
         assert [v["index"] for v in s["val_history"]] == ["training", "training"]
+        if mode == "late":  # the final validation waited for it, and the wait is training time
+            assert s["val_history"][-1]["train_s"] >= LATE_WAIT_S and s["train_time_s"] >= LATE_WAIT_S
     assert s["val_loss_hints"] is not None and s["val_loss_nohints"] is not None
     assert builder_children(p.pid) == []  # the builder is gone, paused or not
     assert set(glob.glob(os.path.join(SHM_DIR, "hints-*"))) == shm_before  # and so is its shared memory
