@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import uuid
 from importlib import metadata
 
 import torch
@@ -115,7 +116,6 @@ def init_dist():
 
 def new_run_id(preset, d):
     """'20261201-101500-record-1a2b3c', the same on every rank."""
-    import uuid
     return d.broadcast(f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{preset}-{uuid.uuid4().hex[:6]}")
 
 

@@ -7,6 +7,7 @@ process on the cores the ranks leave free, started by `start_background`); a sav
 indexes and says why: the background index when it is ready on every rank, else --val-index,
 else the training-time index.
 """
+import atexit
 import time
 from typing import NamedTuple
 
@@ -66,7 +67,7 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
     if max_tokens <= 0:
         raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
                          f"give --hint-tokens > 0")
-    from train.evaluate import val_split
+    from train.evaluate import val_split  # here: train.evaluate imports this module
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
     exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
                             backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
@@ -131,7 +132,6 @@ def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, h
     """The node's background index: local rank 0 starts the builder (on `cpus`, else all but the
     cores the ranks keep: one for the loop and hint_workers for the prep thread each), at a lower
     priority than the ranks; the other local ranks attach. None where it could not start."""
-    import atexit
     background = start_for_node(hint_files, hint_tokens, lengths, f"nghints-{run_id}-n{dist.node}",
                                 owner=dist.local_rank == 0, barrier=dist.barrier, log=log,
                                 reserve_cpus=dist.local_world_size * (1 + hint_workers), geometry=geometry, cpus=cpus)
