@@ -155,7 +155,7 @@ class HintIndex:
         self.readonly = False
         self.sealed = False
         self._side = None  # sealed: (side_off, side_key, side_val), see hints.lookup
-        self._scratch_free = []  # per-worker lookup scratch (counters, result cache), reused
+        self._scratch_free = []  # per-worker lookup scratch (counters, sort buffers), reused
         self._scratch_lock = threading.Lock()
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
@@ -347,8 +347,8 @@ class HintIndex:
                 else:
                     lookup_kernels.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
-                        self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["buf"], sc["cache_tag"],
-                        sc["cache_key"], sc["cache_val"])
+                        self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["runs"], sc["keys"], sc["parts"],
+                        sc["order"], sc["spare"], sc["prefix"])
             finally:
                 self._give_scratch(sc)
             if hints:

@@ -5,12 +5,12 @@ follower (ties to the smallest id) and that follower's count. Both kinds of inde
 same; they differ in how a bucket is read.
 
 Growing index (`lookup_scan`). A bucket holds its slots in insertion order, so a lookup scans
-the first bucket (and the second, once the first is full), builds match masks 64 slots at a
-time and counts the matching slots' followers in token-indexed counters. Frequent n-grams fill
-their buckets and cost a full scan each time, so results of long scans are kept in a
-per-worker cache that outlives the call: an entry records the fills of the two buckets it was
-counted from, and is used only while they are unchanged (slots are only ever appended, so
-equal fills mean equal contents). Once both buckets are full, the entry is valid for good.
+the first bucket (and the second, once the first is full) for the slots of the query's
+shortest n-gram and counts their followers in token-indexed counters. Frequent n-grams have
+long runs and recur in a query, so the positions are sorted first (in blocks of
+GROUP_BLOCK, by bucket address and key): each distinct n-gram is then gathered and counted
+once per block, each longer length from its shorter one's slots, and buckets are read in
+address order. Nothing outlives a call, so an add() between lookups needs no invalidation.
 
 Sealed index (`seal_partitions`, `lookup_sorted`). Sealing sorts each bucket's slots as
 uint64 words. A slot is [checksum(L0) | checksum(L1) | ... | token] from the top bit down, so
@@ -29,36 +29,28 @@ top token) in a per-partition open-addressing table (linear probing, at most hal
 import numba
 import numpy as np
 
-from .geometry import (CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, FILL_BITS, LEVEL_BITS, MAX_LENGTHS, MAX_PARTITION_BITS, SLOTS_PER_LINE,
-                       TOKEN_BITS)
-from .kernels import (FMIX_C1, HASH_MULT, bucket_pair, cttz, fmix64, hash_block, init_states, prefetch2, prefetch3,
+from .geometry import CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE, TOKEN_BITS
+from .kernels import (HASH_BLOCK, bucket_pair, cttz, fmix64, hash_block, init_states, prefetch2, prefetch3,
                       roll, slot_key)
 
 U64 = np.uint64
 TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
-LEVEL_MASK = U64((1 << LEVEL_BITS) - 1)
 NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can equal
 UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
 PREFETCH_GROUP = 32                     # lookups hashed and prefetched together (misses in flight)
 
-# Scan lookup's result cache: 2^12 entries per length per worker (direct-mapped). A result is
-# cached when counting it scanned at least CACHE_MIN_SCAN slots (8 cache lines); below that,
-# a scan costs about what a cache probe does.
-CACHE_BITS = 12
-CACHE_MIN_SCAN = 64
-CACHE_VALID = U64(1) << U64(63)
-# An entry's tag packs the partition (MAX_PARTITION_BITS) and the two fills (FILL_BITS each)
-# it was counted from, below the valid bit.
-TAG_FILL1_SHIFT = U64(MAX_PARTITION_BITS)
-TAG_FILL2_SHIFT = U64(MAX_PARTITION_BITS + FILL_BITS)
-# A cached value packs the top token, the n-gram count and the top's count (COUNT_BITS each:
-# a count is at most two buckets' worth of slots).
-COUNT_BITS = FILL_BITS + 1
-VAL_COUNT_SHIFT = U64(TOKEN_BITS)
-VAL_TOP_SHIFT = U64(TOKEN_BITS + COUNT_BITS)
-VAL_COUNT_MASK = U64((1 << COUNT_BITS) - 1)
-assert MAX_PARTITION_BITS + 2 * FILL_BITS < 63 and TOKEN_BITS + 2 * COUNT_BITS <= 64
+# Growing index: a lookup sorts its positions in blocks of GROUP_BLOCK by (partition, first
+# bucket, shortest key, longer keys) and reads each n-gram's buckets once per block, in address
+# order. A block is a record step's lookup (32,768 positions); its position ids (GROUP_BITS)
+# ride below the SORT_BITS sort key in one uint64, sorted by RADIX_BITS-bit digits (5 passes).
+GROUP_BITS = 15
+GROUP_BLOCK = 1 << GROUP_BITS
+SORT_BITS = 64 - GROUP_BITS
+RADIX_BITS = 10
+RADIX_PASSES = -(-SORT_BITS // RADIX_BITS)
+GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahead is prefetched, and
+                  # the filled lines of the one GROUP_AHEAD ahead
 
 # Sealed index: n-grams with at least this many slots get a side-table entry. At 16 a
 # counted run is at most two cache lines of slots; the side table holds at most
@@ -101,55 +93,6 @@ def query_keys(key, j, lengths, sh, qk):
 
 
 @numba.njit(cache=True, inline="always")
-def levels_matched(slot, sh, qk):
-    """How many of the query's lengths this slot matches (nested keys: a prefix of the lengths)."""
-    lvl = 0
-    for k in range(MAX_LENGTHS):
-        lvl += np.int64((slot >> sh[k]) == qk[k])
-    return lvl
-
-
-@numba.njit(cache=True, inline="always")
-def gather_matches(row, f, sh, qk, lo, buf, m):
-    """Append (token << LEVEL_BITS | lengths matched) of the slots row[:f] matching length lo
-    to buf[m:]. Match bits are built 64 slots at a time by a vectorised loop; only set bits
-    are visited."""
-    for c in range(0, f, 64):
-        mask = U64(0)
-        for i in range(c, min(f, c + 64)):
-            mask |= U64((row[i] >> sh[lo]) == qk[lo]) << U64(i - c)
-        while mask:
-            sl = row[c + np.int64(cttz(mask))]
-            mask &= mask - U64(1)
-            buf[m] = ((sl & TOKEN_MASK) << U64(LEVEL_BITS)) | U64(levels_matched(sl, sh, qk))
-            m += 1
-    return m
-
-
-@numba.njit(cache=True, inline="always")
-def count_followers(buf, m, lo, valid, counts, total, best, best_tok):
-    """Count the followers in buf[:m] per length lo..valid-1 in token-indexed counters (left
-    zeroed again), tracking each length's total and top follower (ties to the smallest id)."""
-    for k in range(lo, valid):
-        total[k] = 0
-        best[k] = 0
-        best_tok[k] = -1
-    for i in range(m):
-        tok = np.int64(buf[i] >> U64(LEVEL_BITS))
-        for k in range(lo, np.int64(buf[i] & LEVEL_MASK)):
-            c = counts[k, tok] + 1
-            counts[k, tok] = c
-            total[k] += 1
-            if c > best[k] or (c == best[k] and tok < best_tok[k]):
-                best[k] = c
-                best_tok[k] = tok
-    for i in range(m):
-        tok = np.int64(buf[i] >> U64(LEVEL_BITS))
-        for k in range(lo, np.int64(buf[i] & LEVEL_MASK)):
-            counts[k, tok] = 0
-
-
-@numba.njit(cache=True, inline="always")
 def hash_group(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
     """Slot keys and partitions of stream positions j0..j0+n-1 of q: vectorised over the group
     (kernels.hash_block), or one at a time where a length is still absent (j < its length)."""
@@ -175,105 +118,185 @@ def clear_outputs(t0, t1, out_token, out_count, out_top):
 
 # ---- growing index: scan ----------------------------------------------------------------------
 
-@numba.njit(cache=True, inline="always")
-def cache_slot(part, key):
-    return np.int64(((key ^ (U64(part) * HASH_MULT)) * FMIX_C1) >> U64(64 - CACHE_BITS))
-
-
 def new_scratch(n_lengths, slots):
-    """Per-worker lookup state, allocated once per index: follower counters (kept zeroed),
-    the match buffer, and the scan lookup's result cache (tag 0 = empty)."""
+    """Per-worker lookup state, allocated once per index and reused: follower counters (kept
+    zeroed), each length's matching slots, and a block's hashes and sort buffers."""
     return dict(
-        counts=np.zeros((n_lengths, N_TOKENS), dtype=np.int32),
-        buf=np.empty(2 * slots + 1, dtype=np.uint64),
-        cache_tag=np.zeros((n_lengths, 1 << CACHE_BITS), dtype=np.uint64),
-        cache_key=np.zeros((n_lengths, 1 << CACHE_BITS), dtype=np.uint64),
-        cache_val=np.zeros((n_lengths, 1 << CACHE_BITS), dtype=np.uint64),
+        counts=np.zeros(N_TOKENS, dtype=np.int32),
+        runs=np.empty((MAX_LENGTHS, 2 * slots), dtype=np.uint64),
+        keys=np.empty(GROUP_BLOCK, dtype=np.uint64),
+        parts=np.empty(GROUP_BLOCK, dtype=np.uint64),
+        order=np.empty(GROUP_BLOCK, dtype=np.uint64),
+        spare=np.empty(GROUP_BLOCK, dtype=np.uint64),
+        prefix=np.empty(HASH_BLOCK + MAX_LENGTH + 1, dtype=np.uint64),
     )
+
+
+@numba.njit(cache=True, inline="always")
+def hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
+    """Slot keys and partitions of stream positions j0..j0+n-1 of q into keys[:n], parts[:n]:
+    one at a time while a length is still absent (j < the longest length), then vectorised
+    (kernels.hash_block) HASH_BLOCK positions at a time."""
+    Lmax = lengths[lengths.shape[0] - 1]
+    end = j0 + n
+    early = min(end, Lmax)
+    if j0 < early:
+        init_states(r, q, j0, lengths)
+        for j in range(j0, early):
+            parts[j - j0], _, keys[j - j0] = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
+            if j < q.shape[0]:
+                roll(r, q, j, lengths, pows)
+    for b in range(max(j0, Lmax), end, HASH_BLOCK):
+        hash_block(q, b, min(end, b + HASH_BLOCK), lengths, pows, partition_bits, bits, shifts, prefix,
+                   keys[b - j0:], parts[b - j0:])
+
+
+@numba.njit(cache=True, inline="always")
+def radix_sort(a, n, spare):
+    """Sort a[:n] by bits GROUP_BITS..GROUP_BITS+SORT_BITS-1 (LSD, RADIX_BITS per pass, stable);
+    returns the array that holds the result (a or spare)."""
+    hist = np.empty(1 << RADIX_BITS, dtype=np.int64)
+    mask = U64((1 << RADIX_BITS) - 1)
+    src, dst = a, spare
+    for p in range(RADIX_PASSES):
+        sh = U64(GROUP_BITS + p * RADIX_BITS)
+        hist[:] = 0
+        for i in range(n):
+            hist[np.int64((src[i] >> sh) & mask)] += 1
+        o = 0
+        for d in range(hist.shape[0]):
+            c = hist[d]
+            hist[d] = o
+            o += c
+        for i in range(n):
+            d = np.int64((src[i] >> sh) & mask)
+            dst[hist[d]] = src[i]
+            hist[d] += 1
+        src, dst = dst, src
+    return src
+
+
+@numba.njit(cache=True, inline="always")
+def gather_run(row, f, sh, qk, run, m):
+    """Append the slots of row[:f] whose key at shift sh is qk to run[m:]; returns the new end.
+    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited."""
+    for c in range(0, f, 64):
+        mask = U64(0)
+        for i in range(c, min(f, c + 64)):
+            mask |= U64((row[i] >> sh) == qk) << U64(i - c)
+        while mask:
+            run[m] = row[c + np.int64(cttz(mask))]
+            mask &= mask - U64(1)
+            m += 1
+    return m
+
+
+@numba.njit(cache=True, inline="always")
+def top_of_run(run, m, counts):
+    """(most frequent follower, its count) among the slots run[:m] (ties to the smallest id),
+    counted in token-indexed counters that are left zeroed again."""
+    if m == 1:
+        return np.int64(run[0] & TOKEN_MASK), 1
+    best, best_tok = 0, -1
+    for i in range(m):
+        tok = np.int64(run[i] & TOKEN_MASK)
+        c = counts[tok] + 1
+        counts[tok] = c
+        if c > best or (c == best and tok < best_tok):
+            best, best_tok = c, tok
+    for i in range(m):
+        counts[np.int64(run[i] & TOKEN_MASK)] = 0
+    return best_tok, best
 
 
 @numba.njit(cache=True, nogil=True)
 def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-                out_token, out_count, out_top, counts, buf, cache_tag, cache_key, cache_val):
+                out_token, out_count, out_top, counts, runs, keys, parts, order, spare, prefix):
     """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
 
-    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). Positions go in groups
-    of PREFETCH_GROUP: first hash the group and prefetch each first bucket, then scan them, so
-    the group's cache misses overlap. The second bucket is scanned only when the first is full.
-    counts, buf and the cache_* arrays are this worker's scratch (new_scratch).
+    Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). A growing index keeps a
+    bucket's slots in insertion order, so an n-gram's slots are found by scanning its first
+    bucket (and its second, once the first is full) and its followers are counted. Frequent
+    n-grams cost a long scan, and recur: so positions go in blocks of GROUP_BLOCK, sorted by
+    (partition, first bucket, a hash of the shortest key, the longer lengths' checksums). Each
+    shortest n-gram of the block is then gathered from its buckets once, in address order;
+    each longer length's slots are filtered from the next shorter one's, once per distinct key
+    (equal keys are adjacent). Buckets ahead are prefetched (GROUP_AHEAD). The scratch arrays
+    come from new_scratch.
     """
     K = lengths.shape[0]
     slots = table.shape[2]
     clear_outputs(t0, t1, out_token, out_count, out_top)
     t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
-    if t >= t1:
-        return
     r = np.empty(K, dtype=np.uint64)
-    qk = np.empty(MAX_LENGTHS, dtype=np.uint64)
-    best = np.zeros(MAX_LENGTHS, dtype=np.int64)
-    best_tok = np.zeros(MAX_LENGTHS, dtype=np.int64)
-    total = np.zeros(MAX_LENGTHS, dtype=np.int64)
-    sh = np.full(MAX_LENGTHS, UNUSED_SHIFT, dtype=np.uint64)
+    sh = np.empty(K, dtype=np.uint64)
     for k in range(K):
         sh[k] = shifts[k]
-    g_part = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b1 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_b2 = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    sh0 = U64(shifts[0])
-    prefix = np.empty(PREFETCH_GROUP + lengths[K - 1] + 1, dtype=np.uint64)
-    g_hpart = np.empty(PREFETCH_GROUP, dtype=np.uint64)
+    sh0 = sh[0]
+    # sort key: partition | first bucket | a hash of the shortest key | the longer lengths' fields,
+    # cut to SORT_BITS (at most 44 bits of partition and bucket leave 5). The order only decides
+    # what is reused and in which order memory is read: any order gives the same results.
+    low_bits = np.int64(sh0) - TOKEN_BITS
+    rest = SORT_BITS - partition_bits - bucket_bits
+    hash_bits = max(0, rest - low_bits)
+    low_kept = rest - hash_bits
+    low_mask = (U64(1) << U64(low_bits)) - U64(1)
+    m = np.zeros(K, dtype=np.int64)  # slots matching the current key of each length ...
+    res_tok = np.zeros(K, dtype=np.int64)  # ... and what they say
+    res_top = np.zeros(K, dtype=np.int64)
     while t < t1:
-        g_end = min(t1, t + PREFETCH_GROUP)
-        hash_group(q, t + 1, g_end - t, r, lengths, pows, partition_bits, bits, shifts, prefix, g_key, g_hpart)
-        for g in range(g_end - t):  # phase 1: prefetch the group's first buckets
-            part = g_hpart[g]
-            b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g] = part, b1, b2
-            prefetch2(fill, part, b1)
-            prefetch3(table, part, b1, 0)
-            prefetch3(table, part, b1, 8)
-        for g in range(g_end - t):  # phase 2: cached results, else scan and count
-            j = t + g + 1
-            part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
-            valid = query_keys(g_key[g], j, lengths, sh, qk)
-            f1 = np.int64(fill[part, b1])
-            f2 = np.int64(fill[part, b2]) if f1 >= slots else 0  # the second bucket only once the first is full
-            if f1 == 0:
-                continue
-            tag = CACHE_VALID | part | (U64(f1) << TAG_FILL1_SHIFT) | (U64(f2) << TAG_FILL2_SHIFT)
-            lo = valid
-            for k in range(valid - 1, -1, -1):
-                ci = cache_slot(part, qk[k])
-                if cache_tag[k, ci] == tag and cache_key[k, ci] == qk[k]:
-                    v = cache_val[k, ci]
-                    cnt = np.int64((v >> VAL_COUNT_SHIFT) & VAL_COUNT_MASK)
-                    if cnt > 0:
-                        out_token[k, t + g] = np.int64(v & TOKEN_MASK)
-                        out_count[k, t + g] = cnt
-                        out_top[k, t + g] = np.int64(v >> VAL_TOP_SHIFT)
+        n = min(t1 - t, GROUP_BLOCK)
+        hash_positions(q, t + 1, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
+        for i in range(n):  # sort key | position in block
+            b1, _ = bucket_pair(keys[i] >> sh0, bucket_bits)
+            sk = (parts[i] << U64(bucket_bits)) | b1
+            if hash_bits:
+                sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
+            low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
+            order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
+        srt = radix_sort(order, n, spare)
+        prev_part, prev_key = U64(0), U64(0)
+        for s in range(n):
+            if s + 2 * GROUP_AHEAD < n:  # two steps ahead: the fill, then the lines it says are filled
+                a = np.int64(srt[s + 2 * GROUP_AHEAD] & U64(GROUP_BLOCK - 1))
+                b1, _ = bucket_pair(keys[a] >> sh0, bucket_bits)
+                prefetch2(fill, parts[a], b1)
+            if s + GROUP_AHEAD < n:
+                a = np.int64(srt[s + GROUP_AHEAD] & U64(GROUP_BLOCK - 1))
+                pa = np.int64(srt[s + GROUP_AHEAD - 1] & U64(GROUP_BLOCK - 1))
+                if parts[a] != parts[pa] or (keys[a] >> sh0) != (keys[pa] >> sh0):  # a new n-gram
+                    b1, _ = bucket_pair(keys[a] >> sh0, bucket_bits)
+                    for o in range(0, np.int64(fill[parts[a], b1]), SLOTS_PER_LINE):
+                        prefetch3(table, parts[a], b1, o)
+            i = np.int64(srt[s] & U64(GROUP_BLOCK - 1))
+            key, part = keys[i], parts[i]
+            j = t + i + 1
+            first = 1  # the first length whose key differs from the last position's
+            if s == 0 or part != prev_part or (key >> sh0) != (prev_key >> sh0):
+                first = 0
+            else:
+                while first < K and (key >> sh[first]) == (prev_key >> sh[first]):
+                    first += 1
+            for k in range(first, K):
+                if k == 0:
+                    b1, b2 = bucket_pair(key >> sh0, bucket_bits)
+                    f1 = np.int64(fill[part, b1])
+                    m[0] = gather_run(table[part, b1], f1, sh0, key >> sh0, runs[0], 0)
+                    if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
+                        m[0] = gather_run(table[part, b2], np.int64(fill[part, b2]), sh0, key >> sh0, runs[0], m[0])
+                elif j < lengths[k] or m[k - 1] == 0:  # too early for this length, or absent already
+                    m[k] = 0
                 else:
-                    lo = k
-            if lo == valid:
-                continue
-            m = gather_matches(table[part, b1], f1, sh, qk, lo, buf, 0)
-            if f2 > 0:
-                m = gather_matches(table[part, b2], f2, sh, qk, lo, buf, m)
-            count_followers(buf, m, lo, valid, counts, total, best, best_tok)
-            cacheable = f1 + f2 >= CACHE_MIN_SCAN
-            for k in range(lo, valid):
-                if total[k] > 0:
-                    out_token[k, t + g] = best_tok[k]
-                    out_count[k, t + g] = total[k]
-                    out_top[k, t + g] = best[k]
-                # absent shortest n-grams are one-offs: not worth a cache entry
-                if cacheable and (total[k] > 0 or k > 0):
-                    ci = cache_slot(part, qk[k])
-                    cache_tag[k, ci] = tag
-                    cache_key[k, ci] = qk[k]
-                    cache_val[k, ci] = (U64(best_tok[k] if total[k] > 0 else 0) | (U64(total[k]) << VAL_COUNT_SHIFT)
-                                        | (U64(best[k]) << VAL_TOP_SHIFT))
-        t = g_end
+                    m[k] = gather_run(runs[k - 1], m[k - 1], sh[k], key >> sh[k], runs[k], 0)
+                if m[k] > 0:
+                    res_tok[k], res_top[k] = top_of_run(runs[k], m[k], counts)
+            for k in range(K):
+                if m[k] > 0:
+                    out_token[k, t + i] = res_tok[k]
+                    out_count[k, t + i] = m[k]
+                    out_top[k, t + i] = res_top[k]
+            prev_part, prev_key = part, key
+        t += n
 
 
 # ---- sealing ----------------------------------------------------------------------------------
@@ -541,7 +564,6 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     g_a2 = np.zeros(PREFETCH_GROUP, dtype=np.int64)  # ... and second bucket
     g_n2 = np.zeros(PREFETCH_GROUP, dtype=np.int64)
     sh0 = U64(shifts[0])
-    low0 = (U64(1) << sh0) - U64(1)
     prefix = np.empty(PREFETCH_GROUP + lengths[K - 1] + 1, dtype=np.uint64)
     g_hpart = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     while t < t1:

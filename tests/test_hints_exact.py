@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex, ReferenceIndex
+from hints.lookup import GROUP_BLOCK
 from hints.kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, kind_of, kind_parts
 from hints.reference import reference_slots, slot_of
 
@@ -266,6 +267,14 @@ def test_exact_on_random_streams(case):
     if max_share > 0:
         assert max(shares.values()) > 0  # this case is here to exercise collided positions
 
+
+def test_exact_across_sort_blocks():
+    """The growing index's lookup sorts and groups positions in blocks of GROUP_BLOCK: a query of
+    more than two blocks, whose frequent n-grams recur in every block, is exact everywhere."""
+    train = phrase_stream(21, 30000, 12, 200, 12)
+    query = phrase_stream(21, 2 * GROUP_BLOCK + 3000, 12, 200, 12, pick_seed=1)
+    idx, _ = check_exact(Geometry(10, 2, 256, (6, 10, 20)), [train], {"long": query}, 0.05)
+    assert (idx.lookup(query).count[0] > 1).mean() > 0.5  # most positions share their n-gram with others
 
 def test_exact_counts_cover_kinds_and_ties():
     """The random cases are not vacuous: counts of every count bucket and ties occur."""
