@@ -2,8 +2,9 @@
 
 The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
-`chunk_tokens`: in stage 1 the workers claim 64k-token chunks in turn and stage them in a
-reused, pre-faulted arena (per-worker state on cache lines of its own); stage 2 places the
+`chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
+in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
+own); stage 2 places the
 partitions, split among the workers by staged size. Because every partition is filled in
 stream order (chunk by chunk), the bytes do not depend on the chunking of `add` calls, on
 the worker count or on which worker took which chunk.
@@ -27,13 +28,15 @@ import numpy as np
 
 from . import kernels, store
 from . import lookup as lookup_kernels
-from .parallel import run_ranges, run_split
+from .parallel import line_aligned, run_ranges, run_split
 from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
-STAGE1_CHUNK = 65_535      # positions a stage-1 worker claims at a time: "chunks of 64k tokens", the most
-                           # whose slots per partition fit the uint16 counts stage 2 orders them by
+STAGE1_MIN_CHUNK = 1 << 16  # positions a stage-1 worker claims at a time: "chunks of 64k tokens", or more with
+CHUNK_SLOTS_PER_PARTITION = 64  # many partitions: a chunk brings each partition this many slots on average, so
+                           # stage 2's step per (chunk, partition) is spread over them (at 2^14 partitions a 64k
+                           # chunk brought 4, and stage 2 with 2 workers ran slower than with 1)
 STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
 MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
 
@@ -64,6 +67,11 @@ def as_tokens(tokens, name="tokens"):
     return a.astype(np.uint16)
 
 
+def stage1_chunk(geom):
+    """Positions a stage-1 worker claims at a time, for this geometry."""
+    return max(STAGE1_MIN_CHUNK, geom.n_partitions * CHUNK_SLOTS_PER_PARTITION)
+
+
 def default_chunk_tokens(geom, workers):
     """Sub-chunk of add(): large enough that each range's partial last block per partition
     adds at most STAGE_OVERHEAD to staging."""
@@ -77,8 +85,9 @@ def staging_nbytes(geom, workers, n, stage1_chunk):
     P, w = geom.n_partitions, workers
     n_blocks = -(-n // STAGE_BLOCK) + w * P + 1
     n_chunks = -(-n // stage1_chunk) if w > 1 else 0
-    shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 2 * P)
+    shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
     per_worker = P * (5 * 8 + kernels.BURST * 8 + 1)  # head, tail, tail_len, full_blocks, staged; bursts; fills
+    per_worker += (3 * kernels.HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
     return shared + w * per_worker
 
 
@@ -103,15 +112,6 @@ def balance(sizes, workers):
         groups[k].append(int(p))
         loads[k] += int(sizes[p])
     return [np.array(sorted(gr), dtype=np.int64) for gr in groups if gr]
-
-
-def line_aligned(shape, dtype):
-    """A zeroed array that starts on a 64-byte line and is followed by a line of padding, so
-    that no other array shares its cache lines (per-worker state: no false sharing)."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.zeros(nbytes + 128, dtype=np.uint8)
-    off = (-raw.ctypes.data) % 64
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def prefault_zero(a, workers):
@@ -162,7 +162,7 @@ class HintIndex:
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
         self._dropped[0] = dropped
         self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
-        self.stage1_chunk = STAGE1_CHUNK  # positions a stage-1 worker claims at a time (at most STAGE1_CHUNK)
+        self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         g = self.geom
@@ -199,7 +199,7 @@ class HintIndex:
             free=line_aligned((1,), np.int64),    # next unused block
             # chunk -> worker, and slots per (chunk, partition): only needed to interleave workers
             owner=np.zeros(n_chunks if w > 1 else 0, dtype=np.int32),
-            counts=np.zeros((n_chunks if w > 1 else 0, g.n_partitions), dtype=np.uint16),
+            counts=np.zeros((n_chunks if w > 1 else 0, g.n_partitions), dtype=np.uint32),
             workers=[dict(  # each worker's own state, on cache lines of its own
                 head=line_aligned((g.n_partitions,), np.int64),
                 tail=line_aligned((g.n_partitions,), np.int64),
@@ -208,7 +208,12 @@ class HintIndex:
                 staged=line_aligned((g.n_partitions,), np.int64),
                 burst=line_aligned((g.n_partitions, kernels.BURST), np.uint64),
                 burst_fill=line_aligned((g.n_partitions,), np.uint8),
+                r=line_aligned((max_len,), np.uint64),  # hash buffers (K <= max_len rolling states)
+                prefix=line_aligned((kernels.HASH_BLOCK + max_len + 1,), np.uint64),
+                keys=line_aligned((kernels.HASH_BLOCK,), np.uint64),
+                parts=line_aligned((kernels.HASH_BLOCK,), np.uint64),
             ) for _ in range(w)],
+            cursors=[line_aligned((2, w), np.int64) for _ in range(w)],  # stage 2: where each is in every chain
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
         for ws in st["workers"]:
@@ -228,7 +233,7 @@ class HintIndex:
         if self._stage is None:
             return 0
         arrays = [v for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext"]
-        arrays += [v for ws in self._stage["workers"] for v in ws.values()]
+        arrays += [v for ws in self._stage["workers"] for v in ws.values()] + self._stage["cursors"]
         return sum(a.nbytes for a in arrays)
 
     def add(self, tokens):
@@ -270,7 +275,8 @@ class HintIndex:
             counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
             run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
                 groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table, self.fill,
-                g.bucket_bits, int(self._shifts[0]), self._dropped) for k in range(w0, w1)], len(groups), len(groups))
+                g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
+                for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
             self.history = ext[-min(ext.size, max_len):].copy()
@@ -293,9 +299,14 @@ class HintIndex:
         side = np.zeros(0, dtype=np.uint64)
 
         def seal(first_pass):
-            run_ranges(lambda p0, p1: lookup_kernels.seal_partitions(
-                p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits, first_pass, summary, side_off,
-                side), g.n_partitions, self.workers)
+            def seal_range(p0, p1):
+                sc = self._take_scratch()
+                try:
+                    lookup_kernels.seal_partitions(p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits,
+                                                   first_pass, summary, side_off, side, sc["counts"], sc["runs"][0])
+                finally:
+                    self._give_scratch(sc)
+            run_ranges(seal_range, g.n_partitions, self.workers)
 
         seal(True)  # sort, summarise, count each partition's side entries into side_off[p + 1]
         found = side_off[1:]
@@ -343,12 +354,13 @@ class HintIndex:
                 if sealed:
                     lookup_kernels.lookup_sorted(
                         t0, t1, q, self.table, side[0], side[1], side[2], self._lengths, self._pows,
-                        g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top)
+                        g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top, sc["toks"],
+                        sc["prefix"], sc["small_i"], sc["small_u"])
                 else:
                     lookup_kernels.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
                         self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["runs"], sc["keys"], sc["parts"],
-                        sc["order"], sc["spare"], sc["prefix"])
+                        sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"], sc["small_u"])
             finally:
                 self._give_scratch(sc)
             if hints:

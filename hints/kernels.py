@@ -12,7 +12,7 @@ Hashing (the contract `hints.reference` reproduces in plain Python). For stream 
 The shortest length's h gives the partition (top P bits) and its checksum (the next bits);
 each longer length's checksum is the low bits of its own h, with 0 reserved for "absent".
 
-Build, stage 1 (`stage1_worker`): workers claim chunks of 64k positions of the stream, the
+Build, stage 1 (`stage1_worker`): workers claim chunks of the stream (64k positions or more), the
 next unclaimed one each time (so chunks go round-robin while workers keep pace, and a
 worker that finishes early takes the chunks a slow one has not reached), hash 256 positions
 at a time with every length in a vectorised pass (`hash_block`), and append each slot to its
@@ -201,7 +201,7 @@ def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, k
 @numba.njit(cache=True, nogil=True)
 def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, lengths, pows, partition_bits,
                   bits, shifts, arena, block_len, block_next, free, head, tail, tail_len, full_blocks, staged,
-                  burst, burst_fill):
+                  burst, burst_fill, r, prefix, keys, parts):
     """One stage-1 worker: claim chunks of chunk_len positions of s[start:end] (the next
     unclaimed one each time, from the shared counter claims[0], so chunk ids rise for every
     worker), hash them, and append each slot to this worker's chain for its partition.
@@ -211,17 +211,15 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
     shared counter free[0]. With several workers, at the end of chunk c, counts[c, p] is the
     number of slots chunk c gave partition p and owner[c] = w: stage 2 takes them in chunk
     order. Every array but the shared ones (s, arena, block_next, block_len, free, claims,
-    owner, counts) is this worker's own, so workers share no cache line on the per-token path.
-    The block append is written out twice (per line, and for the partial lines at the end) on
+    owner, counts) is this worker's own, so workers share no cache line on the per-token path;
+    that includes the hash buffers r, prefix, keys and parts, which the caller allocates on
+    lines of their own (allocated in here, even padded to whole lines, two workers ran stage 1
+    at 1.5x the time per token of one; passed in, at the same speed). The block append is written out twice (per line, and for the partial lines at the end) on
     purpose: as an inlined helper taking the arrays, stage 1 ran 6x slower.
     """
     n_part = burst.shape[0]
     n_block = arena.shape[1]
     Lmax = lengths[lengths.shape[0] - 1]
-    r = np.empty(lengths.shape[0], dtype=np.uint64)
-    prefix = np.empty(HASH_BLOCK + Lmax + 1, dtype=np.uint64)
-    keys = np.empty(HASH_BLOCK, dtype=np.uint64)
-    parts = np.empty(HASH_BLOCK, dtype=np.uint64)
     while True:
         c = atomic_add(claims, 0, 1)
         if c >= n_chunks:
@@ -338,16 +336,17 @@ def place_run(row, a, e, tp, fp, slots, bucket_bits, shift0):
 
 
 @numba.njit(cache=True, nogil=True)
-def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, table, fill, bucket_bits, shift0, dropped):
+def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, table, fill, bucket_bits, shift0, dropped,
+                 cursor):
     """Place the staged slots of the partitions in `parts`, in stream order: chunk by chunk
     (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed chunk c; stage
     1's counts transposed, so a partition's are contiguous), or, with one worker (no chunks
-    recorded), along its chain."""
+    recorded), along its chain. cursor (2, workers) is this worker's own, allocated by the
+    caller as stage 1's buffers are."""
     n_workers = heads.shape[0]
     slots = table.shape[2]
     sh0 = U64(shift0)
-    blk = np.empty(n_workers, dtype=np.int64)
-    off = np.empty(n_workers, dtype=np.int64)
+    blk, off = cursor[0], cursor[1]  # each worker chain's block and offset
     for p in parts:
         drops = 0
         tp = table[p]

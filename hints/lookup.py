@@ -32,6 +32,7 @@ import numpy as np
 from .geometry import CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE, TOKEN_BITS
 from .kernels import (HASH_BLOCK, bucket_pair, cttz, fmix64, hash_block, init_states, prefetch2, prefetch3,
                       roll, slot_key)
+from .parallel import line_aligned
 
 U64 = np.uint64
 TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
@@ -39,6 +40,7 @@ NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can e
 UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
 PREFETCH_GROUP = 32                     # lookups hashed and prefetched together (misses in flight)
+SMALL_ROWS = 12                         # rows of a worker's small scratch arrays (per length or per group)
 
 # Growing index: a lookup sorts its positions in blocks of GROUP_BLOCK by (partition, first
 # bucket, shortest key, longer keys) and reads each n-gram's buckets once per block, in address
@@ -119,16 +121,22 @@ def clear_outputs(t0, t1, out_token, out_count, out_top):
 # ---- growing index: scan ----------------------------------------------------------------------
 
 def new_scratch(n_lengths, slots):
-    """Per-worker lookup state, allocated once per index and reused: follower counters (kept
-    zeroed), each length's matching slots, and a block's hashes and sort buffers."""
+    """Per-worker lookup state, allocated once per index and reused, every array on cache lines
+    of its own (kernels.stage1_worker says why the kernels allocate nothing themselves):
+    follower counters (kept zeroed), each length's matching slots and tokens, a block's hashes
+    and sort buffers, and small per-length and per-group arrays (SMALL_ROWS x PREFETCH_GROUP)."""
     return dict(
-        counts=np.zeros(N_TOKENS, dtype=np.int32),
-        runs=np.empty((MAX_LENGTHS, 2 * slots), dtype=np.uint64),
-        keys=np.empty(GROUP_BLOCK, dtype=np.uint64),
-        parts=np.empty(GROUP_BLOCK, dtype=np.uint64),
-        order=np.empty(GROUP_BLOCK, dtype=np.uint64),
-        spare=np.empty(GROUP_BLOCK, dtype=np.uint64),
-        prefix=np.empty(HASH_BLOCK + MAX_LENGTH + 1, dtype=np.uint64),
+        counts=line_aligned((N_TOKENS,), np.int32),
+        runs=line_aligned((MAX_LENGTHS, 2 * slots), np.uint64),
+        toks=line_aligned((2 * slots,), np.int64),
+        keys=line_aligned((GROUP_BLOCK,), np.uint64),
+        parts=line_aligned((GROUP_BLOCK,), np.uint64),
+        order=line_aligned((GROUP_BLOCK,), np.uint64),
+        spare=line_aligned((GROUP_BLOCK,), np.uint64),
+        hist=line_aligned((1 << RADIX_BITS,), np.int64),
+        prefix=line_aligned((HASH_BLOCK + MAX_LENGTH + 1,), np.uint64),
+        small_i=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.int64),
+        small_u=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.uint64),
     )
 
 
@@ -152,10 +160,9 @@ def hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, pre
 
 
 @numba.njit(cache=True, inline="always")
-def radix_sort(a, n, spare):
+def radix_sort(a, n, spare, hist):
     """Sort a[:n] by bits GROUP_BITS..GROUP_BITS+SORT_BITS-1 (LSD, RADIX_BITS per pass, stable);
     returns the array that holds the result (a or spare)."""
-    hist = np.empty(1 << RADIX_BITS, dtype=np.int64)
     mask = U64((1 << RADIX_BITS) - 1)
     src, dst = a, spare
     for p in range(RADIX_PASSES):
@@ -211,7 +218,7 @@ def top_of_run(run, m, counts):
 
 @numba.njit(cache=True, nogil=True)
 def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-                out_token, out_count, out_top, counts, runs, keys, parts, order, spare, prefix):
+                out_token, out_count, out_top, counts, runs, keys, parts, order, spare, hist, prefix, small_i, small_u):
     """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
 
     Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). A growing index keeps a
@@ -228,8 +235,7 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     slots = table.shape[2]
     clear_outputs(t0, t1, out_token, out_count, out_top)
     t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
-    r = np.empty(K, dtype=np.uint64)
-    sh = np.empty(K, dtype=np.uint64)
+    r, sh = small_u[0], small_u[1]
     for k in range(K):
         sh[k] = shifts[k]
     sh0 = sh[0]
@@ -241,9 +247,7 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     hash_bits = max(0, rest - low_bits)
     low_kept = rest - hash_bits
     low_mask = (U64(1) << U64(low_bits)) - U64(1)
-    m = np.zeros(K, dtype=np.int64)  # slots matching the current key of each length ...
-    res_tok = np.zeros(K, dtype=np.int64)  # ... and what they say
-    res_top = np.zeros(K, dtype=np.int64)
+    m, res_tok, res_top = small_i[0], small_i[1], small_i[2]  # slots matching each length's key; what they say
     while t < t1:
         n = min(t1 - t, GROUP_BLOCK)
         hash_positions(q, t + 1, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
@@ -254,7 +258,7 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                 sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
             low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
             order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
-        srt = radix_sort(order, n, spare)
+        srt = radix_sort(order, n, spare, hist)
         prev_part, prev_key = U64(0), U64(0)
         for s in range(n):
             if s + 2 * GROUP_AHEAD < n:  # two steps ahead: the fill, then the lines it says are filled
@@ -370,7 +374,7 @@ def side_entries_of_run(run, n, K, shifts, bits, counts, write, side, o, cap):
 
 
 @numba.njit(cache=True, nogil=True)
-def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, summary, side_off, side):
+def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, summary, side_off, side, counts, run):
     """Seal partitions p0..p1-1. First pass: sort each bucket's slots, write its summary row, and
     count the partition's side entries into side_off[p + 1]. Second pass (side_off now holds
     each partition's table offset, in entries): insert the entries into side."""
@@ -378,8 +382,6 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
     K = shifts.shape[0]
     sh0 = U64(shifts[0])
     low0 = (U64(1) << sh0) - U64(1)
-    counts = np.zeros(1 << TOKEN_BITS, dtype=np.int32)
-    run = np.empty(2 * S, dtype=np.uint64)
     for p in range(p0, p1):
         tp, fp = table[p], fill[p]
         if first_pass:
@@ -527,7 +529,7 @@ def top_follower(toks, n, is_sorted):
 
 @numba.njit(cache=True, nogil=True)
 def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, partition_bits,
-                  bucket_bits, bits, shifts, out_token, out_count, out_top):
+                  bucket_bits, bits, shifts, out_token, out_count, out_top, toks, prefix, small_i, small_u):
     """lookup_scan's results from a sealed index.
 
     Positions go in groups of PREFETCH_GROUP through four phases, so that each phase's cache
@@ -536,7 +538,7 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     end, and the second bucket's summary line when the first is full; (3) the same for the
     second bucket; (4) find the runs of every length (nested: each inside the last): counts
     are run lengths, top followers come from the side table (runs of >= SIDE_MIN_COUNT slots)
-    or from the few tokens of a short run.
+    or from the few tokens of a short run. toks, prefix and small_* come from new_scratch.
     """
     K = lengths.shape[0]
     slots = table.shape[2]
@@ -544,28 +546,23 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     t = max(t0, lengths[0] - 1)
     if t >= t1:
         return
-    r = np.empty(K, dtype=np.uint64)
-    qk = np.empty(MAX_LENGTHS, dtype=np.uint64)
-    sh = np.full(MAX_LENGTHS, UNUSED_SHIFT, dtype=np.uint64)
+    r, qk, sh, g_key, g_hpart = small_u[0], small_u[1], small_u[2], small_u[3], small_u[4]
+    sh[:] = UNUSED_SHIFT
     for k in range(K):
         sh[k] = shifts[k]
-    lo1 = np.zeros(MAX_LENGTHS, dtype=np.int64)  # run of each length in the first bucket ...
-    hi1 = np.zeros(MAX_LENGTHS, dtype=np.int64)
-    lo2 = np.zeros(MAX_LENGTHS, dtype=np.int64)  # ... and in the second
-    hi2 = np.zeros(MAX_LENGTHS, dtype=np.int64)
-    toks = np.empty(2 * slots, dtype=np.int64)
-    g_part = np.empty(PREFETCH_GROUP, dtype=np.int64)
-    g_b1 = np.empty(PREFETCH_GROUP, dtype=np.int64)
-    g_b2 = np.empty(PREFETCH_GROUP, dtype=np.int64)
-    g_key = np.empty(PREFETCH_GROUP, dtype=np.uint64)
-    g_f1 = np.empty(PREFETCH_GROUP, dtype=np.int64)  # fill of the first bucket
-    g_a1 = np.empty(PREFETCH_GROUP, dtype=np.int64)  # where the shortest n-gram's run can be, first bucket
-    g_n1 = np.empty(PREFETCH_GROUP, dtype=np.int64)
-    g_a2 = np.zeros(PREFETCH_GROUP, dtype=np.int64)  # ... and second bucket
-    g_n2 = np.zeros(PREFETCH_GROUP, dtype=np.int64)
+    lo1, hi1 = small_i[0], small_i[1]  # run of each length in the first bucket ...
+    lo2, hi2 = small_i[2], small_i[3]  # ... and in the second
+    g_part, g_b1, g_b2 = small_i[4], small_i[5], small_i[6]
+    g_f1 = small_i[7]  # fill of the first bucket
+    g_a1, g_n1 = small_i[8], small_i[9]  # where the shortest n-gram's run can be, first bucket ...
+    g_a2, g_n2 = small_i[10], small_i[11]  # ... and second bucket
+    lo1[:] = 0
+    hi1[:] = 0
+    lo2[:] = 0
+    hi2[:] = 0
+    g_a2[:] = 0
+    g_n2[:] = 0
     sh0 = U64(shifts[0])
-    prefix = np.empty(PREFETCH_GROUP + lengths[K - 1] + 1, dtype=np.uint64)
-    g_hpart = np.empty(PREFETCH_GROUP, dtype=np.uint64)
     while t < t1:
         g_n = min(t1, t + PREFETCH_GROUP) - t
         hash_group(q, t + 1, g_n, r, lengths, pows, partition_bits, bits, shifts, prefix, g_key, g_hpart)

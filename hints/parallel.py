@@ -1,4 +1,5 @@
-"""Workers: contiguous ranges of work run on threads that call GIL-free (nogil) Numba kernels.
+"""Workers: contiguous ranges of work run on threads that call GIL-free (nogil) Numba kernels,
+and the per-worker memory they write (arrays on cache lines of their own).
 
 One mechanism serves every parallel step of the index (pre-faulting, stage 2 over partition
 groups, sealing and checksums over partition or word ranges, lookup over position ranges).
@@ -6,6 +7,8 @@ Ranges are contiguous and handed out in order, so results never depend on thread
 """
 import concurrent.futures
 import threading
+
+import numpy as np
 
 _pools = {}
 _lock = threading.Lock()
@@ -36,3 +39,12 @@ def run_split(fn, n, workers):
 def run_ranges(fn, n, workers):
     """[fn(a, b) for each of `workers` contiguous ranges of [0, n)], run concurrently."""
     return run_split(lambda r, a, b: fn(a, b), n, workers)
+
+
+def line_aligned(shape, dtype):
+    """A zeroed array that starts on a 64-byte line and is followed by a line of padding, so
+    that no other array shares its cache lines (per-worker state: no false sharing)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + 128, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes].view(dtype).reshape(shape)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex
-from hints.index import STAGE1_CHUNK
+from hints.index import stage1_chunk
 from hints.reference import reference_slots
 
 
@@ -31,7 +31,7 @@ def test_any_workers_and_chunks_give_one_workers_bytes(geom):
     stream = phrase_stream(1, 12000, 16, 200, 12)
     fill, table, dropped = reference_slots(geom, stream)
     assert dropped > 0  # drop order matters: the test sees it
-    for workers, chunk, parts in ((1, STAGE1_CHUNK, 1), (2, 97, 1), (3, 1, 2), (5, 1000, 3), (2, 20, 7)):
+    for workers, chunk, parts in ((1, stage1_chunk(geom), 1), (2, 97, 1), (3, 1, 2), (5, 1000, 3), (2, 20, 7)):
         for _ in range(2):  # chunk ownership depends on thread timing; the bytes must not
             idx = build(geom, stream, workers, chunk, parts)
             assert idx.fill.tobytes() == fill.tobytes(), (workers, chunk, parts)
@@ -52,11 +52,16 @@ def test_workers_that_interleave_give_one_workers_bytes():
         assert idx.fill.tobytes() == one.fill.tobytes() and idx.table.tobytes() == one.table.tobytes()
 
 
-def test_stream_of_several_default_chunks():
-    """More than one 64k-token chunk with the default chunk size, one worker vs three."""
-    geom = Geometry(4, 8, 32, (6, 10, 20))
-    stream = phrase_stream(2, 3 * STAGE1_CHUNK + 123, 40, 2000, 12)
-    one = build(geom, stream, 1, STAGE1_CHUNK)
-    many = build(geom, stream, 3, STAGE1_CHUNK)
-    assert one.dropped > 0 and one.dropped == many.dropped
+@pytest.mark.parametrize("geom", [Geometry(4, 8, 32, (6, 10, 20)), Geometry(0, 2, 65528, (6, 10, 20)),
+                                  Geometry(14, 1, 8, (6, 10, 20))], ids=str)
+def test_stream_of_several_default_chunks(geom):
+    """More than one chunk of the default size, one worker vs three: 64k-token chunks, of
+    which one partition can take every slot (one partition: 65,536 slots of one chunk in one
+    count), and with 2^14 partitions chunks grown to bring each partition 64 slots."""
+    chunk = stage1_chunk(geom)
+    assert chunk == max(1 << 16, geom.n_partitions * 64)
+    stream = phrase_stream(2, 2 * chunk + 123, 40, 2000, 12)
+    one = build(geom, stream, 1, chunk)
+    many = build(geom, stream, 3, chunk)
+    assert one.dropped == many.dropped
     assert one.fill.tobytes() == many.fill.tobytes() and one.table.tobytes() == many.table.tobytes()

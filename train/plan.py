@@ -32,7 +32,7 @@ from data.shards import shard_token_count
 from data.units import human_tokens, parse_token_count
 from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, TARGET_LOAD, Geometry, _human,
                             available_memory_bytes, parse_lengths)
-from hints.index import STAGE1_CHUNK, default_chunk_tokens, staging_nbytes
+from hints.index import default_chunk_tokens, stage1_chunk, staging_nbytes
 from hints.store import layout
 
 # The article's record: 37B FineWeb100B tokens in the 352 GiB 2^14 x 2^14 x 176 table.
@@ -116,7 +116,7 @@ def staging_bytes(geom, workers, staged_tokens):
     """Bytes of HintIndex's staging area for add() calls of `staged_tokens` with `workers`
     (hints.index.staging_nbytes, for the sub-chunk size the index uses)."""
     n = min(int(staged_tokens), default_chunk_tokens(geom, workers))
-    return staging_nbytes(geom, workers, n, STAGE1_CHUNK)
+    return staging_nbytes(geom, workers, n, stage1_chunk(geom))
 
 
 def index_file_bytes(geom):
