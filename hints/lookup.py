@@ -201,19 +201,19 @@ def gather_run(row, f, sh, qk, run, m):
 @numba.njit(cache=True, inline="always")
 def top_of_run(run, m, counts):
     """(most frequent follower, its count) among the slots run[:m] (ties to the smallest id),
-    counted in token-indexed counters that are left zeroed again."""
+    counted in token-indexed counters that are left zeroed again: one pass counts, a second
+    takes the largest (count, -token) without a branch and clears each counter after its
+    first read (a token's later copies then read 0)."""
     if m == 1:
         return np.int64(run[0] & TOKEN_MASK), 1
-    best, best_tok = 0, -1
+    for i in range(m):
+        counts[np.int64(run[i] & TOKEN_MASK)] += 1
+    best = 0
     for i in range(m):
         tok = np.int64(run[i] & TOKEN_MASK)
-        c = counts[tok] + 1
-        counts[tok] = c
-        if c > best or (c == best and tok < best_tok):
-            best, best_tok = c, tok
-    for i in range(m):
-        counts[np.int64(run[i] & TOKEN_MASK)] = 0
-    return best_tok, best
+        best = max(best, (np.int64(counts[tok]) << TOKEN_BITS) | (np.int64(TOKEN_MASK) - tok))
+        counts[tok] = 0
+    return np.int64(TOKEN_MASK) - (best & np.int64(TOKEN_MASK)), best >> TOKEN_BITS
 
 
 @numba.njit(cache=True, nogil=True)
