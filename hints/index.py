@@ -355,7 +355,8 @@ class HintIndex:
                     lookup_kernels.lookup_sorted(
                         t0, t1, q, self.table, side[0], side[1], side[2], self._lengths, self._pows,
                         g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top, sc["toks"],
-                        sc["prefix"], sc["small_i"], sc["small_u"])
+                        sc["keys"], sc["parts"], sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"],
+                        sc["small_u"])
                 else:
                     lookup_kernels.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,

@@ -40,7 +40,7 @@ NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can e
 UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
 PREFETCH_GROUP = 32                     # lookups hashed and prefetched together (misses in flight)
-SMALL_ROWS = 12                         # rows of a worker's small scratch arrays (per length or per group)
+SMALL_ROWS = 13                         # rows of a worker's small scratch arrays (per length or per group)
 
 # Growing index: a lookup sorts its positions in blocks of GROUP_BLOCK by (partition, first
 # bucket, shortest key, longer keys) and reads each n-gram's buckets once per block, in address
@@ -92,21 +92,6 @@ def query_keys(key, j, lengths, sh, qk):
             qk[k] = key >> sh[k]
             valid += 1
     return valid
-
-
-@numba.njit(cache=True, inline="always")
-def hash_group(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
-    """Slot keys and partitions of stream positions j0..j0+n-1 of q: vectorised over the group
-    (kernels.hash_block), or one at a time where a length is still absent (j < its length)."""
-    if j0 >= lengths[lengths.shape[0] - 1]:
-        hash_block(q, j0, j0 + n, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
-        return
-    init_states(r, q, j0, lengths)
-    for g in range(n):
-        j = j0 + g
-        parts[g], _, keys[g] = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-        if j < q.shape[0]:
-            roll(r, q, j, lengths, pows)
 
 
 @numba.njit(cache=True, inline="always")
@@ -184,6 +169,32 @@ def radix_sort(a, n, spare, hist):
 
 
 @numba.njit(cache=True, inline="always")
+def sort_block(q, j0, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts, order,
+               spare, hist):
+    """Hash stream positions j0..j0+n-1 of q (n <= GROUP_BLOCK) into keys[:n], parts[:n], and
+    return them sorted: an array whose first n entries are sort key << GROUP_BITS | index in the
+    block. The sort key is partition | first bucket | a hash of the shortest key | the longer
+    lengths' fields, cut to SORT_BITS (at most 44 bits of partition and bucket leave 5): equal
+    n-grams end up adjacent and buckets are visited in address order. The order only decides
+    what is reused and in which order memory is read: any order gives the same results."""
+    hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
+    sh0 = U64(shifts[0])
+    low_bits = np.int64(shifts[0]) - TOKEN_BITS
+    rest = SORT_BITS - partition_bits - bucket_bits
+    hash_bits = max(0, rest - low_bits)
+    low_kept = rest - hash_bits
+    low_mask = (U64(1) << U64(low_bits)) - U64(1)
+    for i in range(n):
+        b1, _ = bucket_pair(keys[i] >> sh0, bucket_bits)
+        sk = (parts[i] << U64(bucket_bits)) | b1
+        if hash_bits:
+            sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
+        low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
+        order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
+    return radix_sort(order, n, spare, hist)
+
+
+@numba.njit(cache=True, inline="always")
 def gather_run(row, f, sh, qk, run, m):
     """Append the slots of row[:f] whose key at shift sh is qk to run[m:]; returns the new end.
     Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited."""
@@ -239,26 +250,11 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     for k in range(K):
         sh[k] = shifts[k]
     sh0 = sh[0]
-    # sort key: partition | first bucket | a hash of the shortest key | the longer lengths' fields,
-    # cut to SORT_BITS (at most 44 bits of partition and bucket leave 5). The order only decides
-    # what is reused and in which order memory is read: any order gives the same results.
-    low_bits = np.int64(sh0) - TOKEN_BITS
-    rest = SORT_BITS - partition_bits - bucket_bits
-    hash_bits = max(0, rest - low_bits)
-    low_kept = rest - hash_bits
-    low_mask = (U64(1) << U64(low_bits)) - U64(1)
     m, res_tok, res_top = small_i[0], small_i[1], small_i[2]  # slots matching each length's key; what they say
     while t < t1:
         n = min(t1 - t, GROUP_BLOCK)
-        hash_positions(q, t + 1, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
-        for i in range(n):  # sort key | position in block
-            b1, _ = bucket_pair(keys[i] >> sh0, bucket_bits)
-            sk = (parts[i] << U64(bucket_bits)) | b1
-            if hash_bits:
-                sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
-            low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
-            order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
-        srt = radix_sort(order, n, spare, hist)
+        srt = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts,
+                         order, spare, hist)
         prev_part, prev_key = U64(0), U64(0)
         for s in range(n):
             if s + 2 * GROUP_AHEAD < n:  # two steps ahead: the fill, then the lines it says are filled
@@ -529,16 +525,20 @@ def top_follower(toks, n, is_sorted):
 
 @numba.njit(cache=True, nogil=True)
 def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, partition_bits,
-                  bucket_bits, bits, shifts, out_token, out_count, out_top, toks, prefix, small_i, small_u):
+                  bucket_bits, bits, shifts, out_token, out_count, out_top, toks, keys, parts, order, spare, hist, prefix,
+                  small_i, small_u):
     """lookup_scan's results from a sealed index.
 
-    Positions go in groups of PREFETCH_GROUP through four phases, so that each phase's cache
-    misses overlap across the group: (1) hash, prefetch the first bucket's summary line;
+    Positions are hashed and sorted in blocks of GROUP_BLOCK as for lookup_scan (sort_block),
+    so buckets are read in address order and a repeated n-gram is searched once (a position
+    with the n-gram of the one before copies its results). In sorted order they go in groups
+    of PREFETCH_GROUP through four phases, so that each phase's cache misses overlap across
+    the group: (1) hash, prefetch the first bucket's summary line;
     (2) read its fences, prefetch the slot lines where the shortest n-gram's run can start and
     end, and the second bucket's summary line when the first is full; (3) the same for the
     second bucket; (4) find the runs of every length (nested: each inside the last): counts
     are run lengths, top followers come from the side table (runs of >= SIDE_MIN_COUNT slots)
-    or from the few tokens of a short run. toks, prefix and small_* come from new_scratch.
+    or from the few tokens of a short run. The scratch arrays come from new_scratch.
     """
     K = lengths.shape[0]
     slots = table.shape[2]
@@ -546,7 +546,8 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     t = max(t0, lengths[0] - 1)
     if t >= t1:
         return
-    r, qk, sh, g_key, g_hpart = small_u[0], small_u[1], small_u[2], small_u[3], small_u[4]
+    r, qk, sh, g_key = small_u[0], small_u[1], small_u[2], small_u[3]
+    g_idx = small_i[12]  # block index of each position of the group
     sh[:] = UNUSED_SHIFT
     for k in range(K):
         sh[k] = shifts[k]
@@ -564,77 +565,93 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     g_n2[:] = 0
     sh0 = U64(shifts[0])
     while t < t1:
-        g_n = min(t1, t + PREFETCH_GROUP) - t
-        hash_group(q, t + 1, g_n, r, lengths, pows, partition_bits, bits, shifts, prefix, g_key, g_hpart)
-        for g in range(g_n):  # phase 1: prefetch the first bucket's summary
-            part = np.int64(g_hpart[g])
-            b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
-            g_part[g], g_b1[g], g_b2[g] = part, b1, b2
-            prefetch3(summary, part, b1, 0)
-        for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
-            part, b1 = g_part[g], g_b1[g]
-            sm = summary[part, b1]
-            f1 = min(np.int64(sm[0]), slots)  # clamped: a corrupt summary cannot move a read out of the row
-            below, at_most = fence_lines(sm, g_key[g])
-            a, m = fenced_range(f1, below, at_most)
-            g_f1[g], g_a1[g], g_n1[g] = f1, a, m
-            prefetch3(table, part, b1, a)
-            if m > SLOTS_PER_LINE:
-                prefetch3(table, part, b1, a + m - 1)
-            if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
-                prefetch3(summary, part, g_b2[g], 0)
-        for g in range(g_n):  # phase 3: the same for the second bucket
-            if g_f1[g] >= slots:
-                part, b2 = g_part[g], g_b2[g]
-                sm = summary[part, b2]
+        n = min(t1 - t, GROUP_BLOCK)
+        srt = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts,
+                         order, spare, hist)
+        prev = -1  # the block index of the last position searched
+        for s0 in range(0, n, PREFETCH_GROUP):
+            g_n = min(n, s0 + PREFETCH_GROUP) - s0
+            for g in range(g_n):  # phase 1: prefetch the first bucket's summary
+                i = np.int64(srt[s0 + g] & U64(GROUP_BLOCK - 1))
+                g_idx[g] = i
+                g_key[g] = keys[i]
+                part = np.int64(parts[i])
+                b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
+                g_part[g], g_b1[g], g_b2[g] = part, b1, b2
+                prefetch3(summary, part, b1, 0)
+            for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
+                part, b1 = g_part[g], g_b1[g]
+                sm = summary[part, b1]
+                f1 = min(np.int64(sm[0]), slots)  # clamped: a corrupt summary cannot move a read out of the row
                 below, at_most = fence_lines(sm, g_key[g])
-                a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
-                g_a2[g], g_n2[g] = a, m
-                prefetch3(table, part, b2, a)
+                a, m = fenced_range(f1, below, at_most)
+                g_f1[g], g_a1[g], g_n1[g] = f1, a, m
+                prefetch3(table, part, b1, a)
                 if m > SLOTS_PER_LINE:
-                    prefetch3(table, part, b2, a + m - 1)
-            else:
-                g_a2[g], g_n2[g] = 0, 0
-        for g in range(g_n):  # phase 4: runs of every length, counts, top followers
-            j = t + g + 1
-            part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
-            valid = query_keys(g_key[g], j, lengths, sh, qk)
-            row1 = table[part, b1]
-            row2 = table[part, b2]
-            a1, n1, a2, n2 = g_a1[g], g_n1[g], g_a2[g], g_n2[g]
-            deepest = 0  # lengths 0..deepest-1 are present
-            for k in range(valid):
-                x = qk[k] << sh[k]
-                y = x | ((U64(1) << sh[k]) - U64(1))
-                l1, h1 = bounds(row1, a1, n1, x, y)
-                l2, h2 = bounds(row2, a2, n2, x, y)
-                a1, n1, a2, n2 = l1, h1 - l1, l2, h2 - l2
-                if n1 + n2 == 0:
-                    break
-                lo1[k], hi1[k], lo2[k], hi2[k] = a1, a1 + n1, a2, a2 + n2
-                deepest = k + 1
-            for k in range(deepest):
-                cnt = hi1[k] - lo1[k] + hi2[k] - lo2[k]
-                out_count[k, t + g] = cnt
-                if cnt == 1:
-                    out_token[k, t + g] = np.int64((row1[lo1[k]] if hi1[k] > lo1[k] else row2[lo2[k]]) & TOKEN_MASK)
-                    out_top[k, t + g] = 1
+                    prefetch3(table, part, b1, a + m - 1)
+                if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
+                    prefetch3(summary, part, g_b2[g], 0)
+            for g in range(g_n):  # phase 3: the same for the second bucket
+                if g_f1[g] >= slots:
+                    part, b2 = g_part[g], g_b2[g]
+                    sm = summary[part, b2]
+                    below, at_most = fence_lines(sm, g_key[g])
+                    a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
+                    g_a2[g], g_n2[g] = a, m
+                    prefetch3(table, part, b2, a)
+                    if m > SLOTS_PER_LINE:
+                        prefetch3(table, part, b2, a + m - 1)
+                else:
+                    g_a2[g], g_n2[g] = 0, 0
+            for g in range(g_n):  # phase 4: runs of every length, counts, top followers
+                i = g_idx[g]
+                tp = t + i
+                if prev >= 0 and g_key[g] == keys[prev] and g_part[g] == np.int64(parts[prev]):  # the n-gram just searched
+                    for k in range(K):
+                        out_token[k, tp] = out_token[k, t + prev]
+                        out_count[k, tp] = out_count[k, t + prev]
+                        out_top[k, tp] = out_top[k, t + prev]
                     continue
-                v = -1
-                if cnt >= SIDE_MIN_COUNT:
-                    v = side_find(side_off, side, part, (U64(k) << SIDE_LEVEL_SHIFT) | qk[k])
-                if v >= 0:
-                    out_token[k, t + g] = v & np.int64(TOKEN_MASK)
-                    out_top[k, t + g] = v >> np.int64(SIDE_TOP_SHIFT)
-                    continue
-                m = 0
-                for i in range(lo1[k], hi1[k]):
-                    toks[m] = np.int64(row1[i] & TOKEN_MASK)
-                    m += 1
-                for i in range(lo2[k], hi2[k]):
-                    toks[m] = np.int64(row2[i] & TOKEN_MASK)
-                    m += 1
-                # the longest length's run in one bucket is sorted by token already
-                out_token[k, t + g], out_top[k, t + g] = top_follower(toks, m, k == deepest - 1 and (
-                    hi2[k] == lo2[k] or hi1[k] == lo1[k]) and deepest == K)
-        t += g_n
+                prev = i
+                j = tp + 1
+                part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
+                valid = query_keys(g_key[g], j, lengths, sh, qk)
+                row1 = table[part, b1]
+                row2 = table[part, b2]
+                a1, n1, a2, n2 = g_a1[g], g_n1[g], g_a2[g], g_n2[g]
+                deepest = 0  # lengths 0..deepest-1 are present
+                for k in range(valid):
+                    x = qk[k] << sh[k]
+                    y = x | ((U64(1) << sh[k]) - U64(1))
+                    l1, h1 = bounds(row1, a1, n1, x, y)
+                    l2, h2 = bounds(row2, a2, n2, x, y)
+                    a1, n1, a2, n2 = l1, h1 - l1, l2, h2 - l2
+                    if n1 + n2 == 0:
+                        break
+                    lo1[k], hi1[k], lo2[k], hi2[k] = a1, a1 + n1, a2, a2 + n2
+                    deepest = k + 1
+                for k in range(deepest):
+                    cnt = hi1[k] - lo1[k] + hi2[k] - lo2[k]
+                    out_count[k, tp] = cnt
+                    if cnt == 1:
+                        out_token[k, tp] = np.int64((row1[lo1[k]] if hi1[k] > lo1[k] else row2[lo2[k]]) & TOKEN_MASK)
+                        out_top[k, tp] = 1
+                        continue
+                    v = -1
+                    if cnt >= SIDE_MIN_COUNT:
+                        v = side_find(side_off, side, part, (U64(k) << SIDE_LEVEL_SHIFT) | qk[k])
+                    if v >= 0:
+                        out_token[k, tp] = v & np.int64(TOKEN_MASK)
+                        out_top[k, tp] = v >> np.int64(SIDE_TOP_SHIFT)
+                        continue
+                    m = 0
+                    for i in range(lo1[k], hi1[k]):
+                        toks[m] = np.int64(row1[i] & TOKEN_MASK)
+                        m += 1
+                    for i in range(lo2[k], hi2[k]):
+                        toks[m] = np.int64(row2[i] & TOKEN_MASK)
+                        m += 1
+                    # the longest length's run in one bucket is sorted by token already
+                    out_token[k, tp], out_top[k, tp] = top_follower(toks, m, k == deepest - 1 and (
+                        hi2[k] == lo2[k] or hi1[k] == lo1[k]) and deepest == K)
+        t += n
