@@ -12,8 +12,10 @@ Figures: the plain-Python builder and lookup (the denominators); the build from 
 (both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
 shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
 a sealed one; with --record-step, the training-time hint work of one rank per step at the
-record's shape; one core's memcpy bandwidth, and from it and the from-shards rate a projection
-of the record's 37B-token build. Peak build memory is measured once in a fresh child process.
+record's shape, with the floor under its stage 2 (random writes); the copy bandwidth of 1 core
+and of 2 cores at once (the most a memory-bound step can gain from a second worker here); and
+from the from-shards rate a projection of the record's 37B-token build. Peak build memory is
+measured once in a fresh child process.
 """
 import dataclasses
 import json
@@ -23,13 +25,16 @@ import sys
 import tempfile
 import time
 
+import numba
 import numpy as np
 
 from .geometry import Geometry
-from .index import HintIndex
+from .index import HintIndex, alloc
+from .parallel import run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
 
+U64 = np.uint64
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 5
 MIB = 1 << 20
@@ -194,7 +199,9 @@ def bench_lookup(idx, query, workers, repeats, label, log):
 def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
     """One rank's training-time hint work per step at the record's shape: lookup(RECORD_LOOKUP)
     of the coming positions, then add(RECORD_ADD), into a growing index sized for
-    RECORD_INDEX_TOKENS with RECORD_PREFILL tokens in (less when the stream is short)."""
+    RECORD_INDEX_TOKENS with RECORD_PREFILL tokens in (less when the stream is short). The
+    add is split into its two stages, and beside it stands the floor under stage 2: as many
+    independent random 8-byte writes into a table of the index's size."""
     geom = Geometry.for_tokens(RECORD_INDEX_TOKENS, lengths=lengths)
     prefill = max(0, min(RECORD_PREFILL, stream.size - (repeats + 1) * RECORD_ADD))
     if stream.size < prefill + (repeats + 1) * RECORD_ADD:
@@ -204,31 +211,73 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
     step = Figure("record step: lookup + add", "steps/s", 1)
     look = Figure(f"record step: lookup of {RECORD_LOOKUP:,}", "pos/s", RECORD_LOOKUP)
     add = Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD)
+    stages = []
     pos = prefill
     for i in range(repeats + 1):  # the first step is a warm-up (first-touch of scratch, caches)
         wl, cl, _ = timed(lambda: idx.lookup(stream[pos:pos + RECORD_LOOKUP]))
+        before = dict(idx.build_seconds)
         wa, ca, _ = timed(lambda: idx.add(stream[pos:pos + RECORD_ADD]))
         pos += RECORD_ADD
         if i:
             look.add(wl, cl)
             add.add(wa, ca)
             step.add(wl + wa, cl + ca)
+            stages.append([idx.build_seconds[s] - before[s] for s in ("stage1", "stage2")])
+    idx = None
+    floor = random_writes(log, geom.table_bytes, RECORD_ADD, repeats)
     ms = 1e3 / step.rates
+    s1, s2 = 1e3 * np.median(np.array(stages), axis=0)
     log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 worker): "
         f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(look.wall):.2f} ms "
-        f"+ add {1e3 * np.median(add.wall):.2f} ms (medians)")
-    return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add)
+        f"+ add {1e3 * np.median(add.wall):.2f} ms (stage 1 {s1:.2f} + stage 2 {s2:.2f}; {RECORD_ADD:,} random writes "
+        f"take {1e3 * np.median(floor.wall):.2f} ms) (medians)")
+    return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add,
+                stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor)
 
 
-def memcpy_bandwidth(log, nbytes=256 * MIB, repeats=REPEATS):
-    """One core's copy bandwidth (bytes read + written per second), median of repeats."""
-    a = np.ones(nbytes // 8, dtype=np.uint64)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    fig = Figure("memcpy, 1 core (read + write)", "B/s", 2 * nbytes)
+@numba.njit(cache=True, nogil=True)
+def copy_words(src, dst):
+    """dst[:] = src: a plain copy loop that releases the GIL, so that two threads copy at once."""
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_words(table, where):
+    """table[where[i]] = i: independent 8-byte writes to random places, what stage 2 does per slot."""
+    for i in range(where.shape[0]):
+        table[where[i]] = U64(i)
+
+
+def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
+    """Copy bandwidth (bytes read + written per second) of 1 core and of `workers` cores at once,
+    each copying its own buffers, alternated: their ratio is the most any memory-bound step
+    (stage 2 of a build) can gain from more workers on this machine."""
+    bufs = [(np.ones(nbytes // 8, dtype=np.uint64), np.zeros(nbytes // 8, dtype=np.uint64)) for _ in range(workers)]
+    for src, dst in bufs:
+        copy_words(src, dst)  # compile, and fault every page in
+    figs = {w: Figure(f"memcpy, {w} core(s) (read + write)", "B/s", 2 * nbytes * w, w) for w in sorted({1, workers})}
     for _ in range(repeats):
-        fig.add(*timed(lambda: np.copyto(b, a))[:2])
-    log(f"  memcpy, 1 core: {fig.median / 1e9:.1f} GB/s read + written [{fig.rates.min() / 1e9:.1f}-{fig.rates.max() / 1e9:.1f}]")
+        for w, fig in figs.items():
+            fig.add(*timed(lambda: run_split(lambda r, a, b: copy_words(*bufs[r]), w, w))[:2])
+    for w, fig in figs.items():
+        log(f"  memcpy, {w} core(s): {fig.median / 1e9:.1f} GB/s read + written [{fig.rates.min() / 1e9:.1f}-"
+            f"{fig.rates.max() / 1e9:.1f}]")
+    return figs
+
+
+def random_writes(log, nbytes, n, repeats=REPEATS):
+    """Independent 8-byte writes to random places of a fresh nbytes table (huge pages asked for, as
+    an index's), 1 core: the floor under stage 2, which writes each slot into a random line."""
+    table = alloc((nbytes // 8,), np.uint64)
+    table[:] = 0
+    where = np.random.default_rng(0).integers(0, table.size, n)
+    scatter_words(table, where[:1000])
+    fig = Figure(f"random 8-byte writes into {nbytes / 2**30:.1f} GiB, 1 core", "writes/s", n)
+    for _ in range(repeats):
+        fig.add(*timed(lambda: scatter_words(table, where))[:2])
+    log(f"  random 8-byte writes into {nbytes / 2**30:.1f} GiB, 1 core: {1e9 / fig.median:.1f} ns per write "
+        f"[{1e9 / fig.rates.max():.1f}-{1e9 / fig.rates.min():.1f}]")
     return fig
 
 
@@ -259,6 +308,13 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     ref_build, ref_look = bench_reference(train, query, ref_tokens, ref_query, repeats, log)
     figs.update(ref_build=ref_build, ref_lookup=ref_look)
 
+    record = None
+    if record_step:  # first, on a fresh process: after the builds' GiBs come and go, it measured 1.4x slower
+        rec = bench_record_step(train, repeats, log, geom.lengths)
+        record = dict(geometry=rec["geometry"], prefill=rec["prefill"], ms=[1e3 * w for w in rec["step"].wall],
+                      lookup_ms=[1e3 * w for w in rec["lookup"].wall], add_ms=[1e3 * w for w in rec["add"].wall],
+                      stage1_ms=[s[0] for s in rec["stages_ms"]], stage2_ms=[s[1] for s in rec["stages_ms"]],
+                      random_writes_ms=[1e3 * w for w in rec["random_writes"].wall])
     build, stages, idx = bench_build(train, geom, workers, repeats, log)
     for w, f in build.items():
         figs[f"build_{w}w"] = f
@@ -291,11 +347,9 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
                load=idx.hints_stored / geom.n_slots, side_capacity=sealed.side_capacity,
                stages={w: v for w, v in stages.items()}, stages_many={w: v for w, v in stages_many.items()},
                figures={k: f.summary() for k, f in figs.items()})
-    if record_step:
-        rec = bench_record_step(train, repeats, log, geom.lengths)
-        res["record_step"] = dict(geometry=rec["geometry"], prefill=rec["prefill"],
-                                  ms=[1e3 * w for w in rec["step"].wall], lookup_ms=[1e3 * w for w in rec["lookup"].wall],
-                                  add_ms=[1e3 * w for w in rec["add"].wall])
+    if record is not None:
+        res["record_step"] = record
+
     if memory:
         mem = measure_memory(geom, train, workers)
         res.update(memory=mem)
@@ -303,16 +357,17 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
         log(f"  peak build memory: +{mem['peak_increase'] / MIB:.0f} MiB (index {mem['index_bytes'] / MIB:.0f} MiB + "
             f"staging {mem['staging_bytes'] / MIB:.0f} MiB + 256 MiB = {budget / MIB:.0f} MiB budget)")
 
+    for w, fig in memcpy_bandwidth(log, workers, repeats=repeats).items():
+        figs[f"memcpy_{w}w"] = fig
+        res["figures"][f"memcpy_{w}w"] = fig.summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
-    for key in ("build", "build_many", "shards"):
+    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy"):
         if f"{key}_{workers}w" in figs and workers > 1:
             runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(figs[f"{key}_1w"].rates)
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
             ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
     res["ratios"] = ratios
-    figs["memcpy"] = memcpy_bandwidth(log, repeats=repeats)
-    res["figures"]["memcpy"] = figs["memcpy"].summary()
     per_core = figs["shards_1w"].median if "shards_1w" in figs else figs["build_1w"].median
     res["projection"] = projection(per_core, log)
     log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
@@ -327,7 +382,7 @@ def format_table(res):
     rows = []
     for key, f in res["figures"].items():
         used = f"{f['cores_used']:.2f}"
-        if key == "memcpy":
+        if key.startswith("memcpy"):
             rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used))
             continue
         digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
@@ -337,7 +392,8 @@ def format_table(res):
     if "record_step" in res:
         r = res["record_step"]
         for name, key in (("record step: lookup + add (1 core)", "ms"), ("  of which lookup", "lookup_ms"),
-                          ("  of which add", "add_ms")):
+                          ("  of which add", "add_ms"), ("    add, stage 1", "stage1_ms"), ("    add, stage 2", "stage2_ms"),
+                          (f"{RECORD_ADD:,} random 8-byte writes (the floor under stage 2)", "random_writes_ms")):
             v = np.array(r[key])
             rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
     if "memory" in res:
