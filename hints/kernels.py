@@ -41,6 +41,9 @@ FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
 BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift bucket hash
 BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
 HASH_BLOCK = 256                        # positions hashed per vectorised block (L1-resident buffers)
+# M^i for i = 0..127: a block's prefix sums (HASH_BLOCK + MAX_LENGTH positions) run in four quarters
+# of at most 80, joined with these powers
+MULT_POWS = np.array([pow(int(HASH_MULT), i, 1 << 64) for i in range(128)], dtype=np.uint64)
 PLACE_AHEAD = 16                        # stage 2 prefetches the bucket of the slot this far ahead
 
 
@@ -163,6 +166,42 @@ def atomic_add(typingctx, arr, i, v):
 
 
 @numba.njit(cache=True, inline="always")
+def prefix_sums(s, base, n, prefix):
+    """prefix[a] = P(a) = sum_{k<a} (s[base+k]+1) M^(a-1-k) for a = 0..n. One multiply-add chain
+    waits a multiply's latency per token; so four chains run over the four quarters of the
+    range at once, and each quarter after the first is then corrected in a vectorised pass:
+    P(q+i+1) = P(q) M^(i+1) + the quarter's own sum."""
+    prefix[0] = U64(0)
+    q = (n + 3) >> 2
+    if n < 16 or q + 1 > MULT_POWS.shape[0]:
+        acc = U64(0)
+        for i in range(n):
+            acc = acc * HASH_MULT + U64(s[base + i]) + U64(1)
+            prefix[i + 1] = acc
+        return
+    last = n - 3 * q  # the fourth quarter's length (<= q)
+    s0, s1, s2, s3 = s[base:base + q], s[base + q:base + 2 * q], s[base + 2 * q:base + 3 * q], s[base + 3 * q:base + n]
+    p0, p1, p2, p3 = prefix[1:q + 1], prefix[q + 1:2 * q + 1], prefix[2 * q + 1:3 * q + 1], prefix[3 * q + 1:n + 1]
+    a0, a1, a2, a3 = U64(0), U64(0), U64(0), U64(0)
+    for i in range(last):
+        a0 = a0 * HASH_MULT + U64(s0[i]) + U64(1)
+        a1 = a1 * HASH_MULT + U64(s1[i]) + U64(1)
+        a2 = a2 * HASH_MULT + U64(s2[i]) + U64(1)
+        a3 = a3 * HASH_MULT + U64(s3[i]) + U64(1)
+        p0[i], p1[i], p2[i], p3[i] = a0, a1, a2, a3
+    for i in range(last, q):
+        a0 = a0 * HASH_MULT + U64(s0[i]) + U64(1)
+        a1 = a1 * HASH_MULT + U64(s1[i]) + U64(1)
+        a2 = a2 * HASH_MULT + U64(s2[i]) + U64(1)
+        p0[i], p1[i], p2[i] = a0, a1, a2
+    for c in range(1, 4):
+        quarter = prefix[c * q + 1:min(n, (c + 1) * q) + 1]
+        p = prefix[c * q]
+        for i in range(quarter.shape[0]):
+            quarter[i] += p * MULT_POWS[i + 1]
+
+
+@numba.njit(cache=True, inline="always")
 def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
     """Slot keys (without the token) and partitions of positions j0..j1-1, all >= the longest
     length, into keys[:j1-j0] and parts[:j1-j0].
@@ -171,11 +210,7 @@ def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, k
     (one multiply-add per token, the only sequential step), R_L(j) = P(j) - P(j-L) M^L for
     every length at once, and each length's pass over the block is a loop without branches."""
     base = j0 - lengths[lengths.shape[0] - 1]
-    acc = U64(0)
-    prefix[0] = acc
-    for i in range(j1 - 1 - base):  # P(j) for j < j1 reads s[:j1-1] only
-        acc = acc * HASH_MULT + U64(s[base + i]) + U64(1)
-        prefix[i + 1] = acc
+    prefix_sums(s, base, j1 - 1 - base, prefix)  # P(j) for j < j1 reads s[:j1-1] only
     n = j1 - j0
     o = j0 - base
     now = prefix[o:o + n]  # P(j) for the block's positions, and P(j - L) below: slices, because with
