@@ -97,10 +97,9 @@ def query_keys(key, j, lengths, sh, qk):
 @numba.njit(cache=True, inline="always")
 def clear_outputs(t0, t1, out_token, out_count, out_top):
     for k in range(out_token.shape[0]):
-        for t in range(t0, t1):
-            out_token[k, t] = -1
-            out_count[k, t] = 0
-            out_top[k, t] = 0
+        out_token[k, t0:t1] = -1
+        out_count[k, t0:t1] = 0
+        out_top[k, t0:t1] = 0
 
 
 # ---- growing index: scan ----------------------------------------------------------------------
@@ -197,13 +196,16 @@ def sort_block(q, j0, n, r, lengths, pows, partition_bits, bucket_bits, bits, sh
 @numba.njit(cache=True, inline="always")
 def gather_run(row, f, sh, qk, run, m):
     """Append the slots of row[:f] whose key at shift sh is qk to run[m:]; returns the new end.
-    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited."""
+    Match bits are built 64 slots at a time by a vectorised loop; only set bits are visited.
+    The loops index slices from 0: indices that might be negative (as far as the compiler
+    knows) turn vector loads into gathers."""
     for c in range(0, f, 64):
+        part = row[c:min(f, c + 64)]
         mask = U64(0)
-        for i in range(c, min(f, c + 64)):
-            mask |= U64((row[i] >> sh) == qk) << U64(i - c)
+        for i in range(part.shape[0]):
+            mask |= U64((part[i] >> sh) == qk) << U64(i)
         while mask:
-            run[m] = row[c + np.int64(cttz(mask))]
+            run[m] = part[np.int64(cttz(mask))]
             mask &= mask - U64(1)
             m += 1
     return m
@@ -481,9 +483,10 @@ def bounds(row, a, n, x, y):
     if n <= LINEAR_BOUNDS:
         lo = a
         hi = a
-        for i in range(a, a + n):
-            lo += np.int64(row[i] < x)
-            hi += np.int64(row[i] <= y)
+        part = row[a:a + n]  # indexed from 0: no gathers (gather_run says why)
+        for i in range(part.shape[0]):
+            lo += np.int64(part[i] < x)
+            hi += np.int64(part[i] <= y)
         return lo, hi
     lo = a
     hi = a
@@ -644,13 +647,13 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                         out_token[k, tp] = v & np.int64(TOKEN_MASK)
                         out_top[k, tp] = v >> np.int64(SIDE_TOP_SHIFT)
                         continue
-                    m = 0
-                    for i in range(lo1[k], hi1[k]):
-                        toks[m] = np.int64(row1[i] & TOKEN_MASK)
-                        m += 1
-                    for i in range(lo2[k], hi2[k]):
-                        toks[m] = np.int64(row2[i] & TOKEN_MASK)
-                        m += 1
+                    m1 = row1[lo1[k]:hi1[k]]
+                    m2 = row2[lo2[k]:hi2[k]]
+                    for i in range(m1.shape[0]):
+                        toks[i] = np.int64(m1[i] & TOKEN_MASK)
+                    for i in range(m2.shape[0]):
+                        toks[m1.shape[0] + i] = np.int64(m2[i] & TOKEN_MASK)
+                    m = m1.shape[0] + m2.shape[0]
                     # the longest length's run in one bucket is sorted by token already
                     out_token[k, tp], out_top[k, tp] = top_follower(toks, m, k == deepest - 1 and (
                         hi2[k] == lo2[k] or hi1[k] == lo1[k]) and deepest == K)
