@@ -574,14 +574,19 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
         prev = -1  # the block index of the last position searched
         for s0 in range(0, n, PREFETCH_GROUP):
             g_n = min(n, s0 + PREFETCH_GROUP) - s0
-            for g in range(g_n):  # phase 1: prefetch the first bucket's summary
+            for g in range(g_n):  # phase 1: the first bucket's summary; prefetch the next group's
                 i = np.int64(srt[s0 + g] & U64(GROUP_BLOCK - 1))
                 g_idx[g] = i
                 g_key[g] = keys[i]
                 part = np.int64(parts[i])
                 b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
                 g_part[g], g_b1[g], g_b2[g] = part, b1, b2
-                prefetch3(summary, part, b1, 0)
+                if s0 == 0:
+                    prefetch3(summary, part, b1, 0)
+                if s0 + PREFETCH_GROUP + g < n:  # a whole group's time ahead
+                    i = np.int64(srt[s0 + PREFETCH_GROUP + g] & U64(GROUP_BLOCK - 1))
+                    b1, _ = bucket_pair(keys[i] >> sh0, bucket_bits)
+                    prefetch3(summary, np.int64(parts[i]), b1, 0)
             for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
                 part, b1 = g_part[g], g_b1[g]
                 sm = summary[part, b1]
