@@ -104,14 +104,11 @@ def alloc(shape, dtype):
 def balance(sizes, workers):
     """Partitions split into `workers` groups of similar staged size: largest first, each to the
     least-loaded group (the record: "the fullest partitions are processed first"). Any split
-    gives the same bytes; this one keeps the workers of stage 2 equally busy."""
-    loads = [0] * workers
-    groups = [[] for _ in range(workers)]
-    for p in np.argsort(-sizes, kind="stable"):
-        k = loads.index(min(loads))
-        groups[k].append(int(p))
-        loads[k] += int(sizes[p])
-    return [np.array(sorted(gr), dtype=np.int64) for gr in groups if gr]
+    gives the same bytes; this one keeps the workers of stage 2 equally busy. (A Numba loop: in
+    Python it took 8 ms an add at 2^14 partitions.)"""
+    group = kernels.assign_largest_first(np.argsort(-sizes, kind="stable"), sizes, workers)
+    groups = [np.flatnonzero(group == k) for k in range(workers)]
+    return [gr for gr in groups if gr.size]
 
 
 def prefault_zero(a, workers):

@@ -350,6 +350,19 @@ def staged_sizes(heads, block_len, block_next):
     return sizes
 
 
+@numba.njit(cache=True)
+def assign_largest_first(order, sizes, workers):
+    """The group (0..workers-1) of each partition: partitions in `order` (largest first), each to
+    the group with the least staged so far. Returns the group of every partition."""
+    loads = np.zeros(workers, dtype=np.int64)
+    group = np.empty(sizes.shape[0], dtype=np.int64)
+    for p in order:
+        k = np.argmin(loads)
+        group[p] = k
+        loads[k] += sizes[p]
+    return group
+
+
 @numba.njit(cache=True, inline="always")
 def place_run(row, a, e, tp, fp, slots, bucket_bits, shift0):
     """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
