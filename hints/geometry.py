@@ -29,8 +29,7 @@ SLOTS_PER_LINE = 8        # 8 slots x 8 bytes = one 64-byte cache line; S must b
 # At most 4 n-gram lengths share a slot: 48 checksum bits leave the longest of 4 lengths a
 # 6-bit field, and the lookup kernels keep one query key per length in MAX_LENGTHS lanes.
 MAX_LENGTHS = 4
-LEVEL_BITS = MAX_LENGTHS.bit_length()  # bits of "lengths matched" (0..MAX_LENGTHS) kernels pack beside a token
-MAX_PARTITION_BITS = 20   # 2^20 partitions: lookup caches pack a partition id into 20 bits
+MAX_PARTITION_BITS = 20   # 2^20 partitions: with 2^24 buckets, 44 bits of a lookup's 49-bit sort key
 FILL_BITS = 16            # a bucket's fill is a uint16 ...
 MAX_SLOTS = (1 << FILL_BITS) - SLOTS_PER_LINE  # ... so at most 65528 slots (a multiple of 8)
 

@@ -39,13 +39,14 @@ TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
 NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can equal
 UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
-PREFETCH_GROUP = 32                     # lookups hashed and prefetched together (misses in flight)
+PREFETCH_GROUP = 32                     # positions a sealed lookup takes through each phase together (misses in flight)
 SMALL_ROWS = 13                         # rows of a worker's small scratch arrays (per length or per group)
 
-# Growing index: a lookup sorts its positions in blocks of GROUP_BLOCK by (partition, first
-# bucket, shortest key, longer keys) and reads each n-gram's buckets once per block, in address
-# order. A block is a record step's lookup (32,768 positions); its position ids (GROUP_BITS)
-# ride below the SORT_BITS sort key in one uint64, sorted by RADIX_BITS-bit digits (5 passes).
+# Both lookups sort their positions in blocks of GROUP_BLOCK by (partition, first bucket, a
+# hash of the shortest key, the longer keys) and read each n-gram's buckets once per block, in
+# address order. A block is a record step's lookup (32,768 positions); its position ids
+# (GROUP_BITS) ride below the SORT_BITS sort key in one uint64, sorted by RADIX_BITS-bit
+# digits (5 passes).
 GROUP_BITS = 15
 GROUP_BLOCK = 1 << GROUP_BITS
 SORT_BITS = 64 - GROUP_BITS
