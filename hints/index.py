@@ -4,10 +4,9 @@ The table is allocated once (in memory, or as a file: a path under /dev/shm give
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
 `chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
 in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
-own); stage 2 places the
-partitions, split among the workers by staged size. Because every partition is filled in
-stream order (chunk by chunk), the bytes do not depend on the chunking of `add` calls, on
-the worker count or on which worker took which chunk.
+own); stage 2 places the partitions, split among the workers by staged size. Because every
+partition is filled in stream order (chunk by chunk), the bytes do not depend on the chunking
+of `add` calls, on the worker count or on which worker took which chunk.
 
 A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
 side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
@@ -33,10 +32,12 @@ from .geometry import MAX_TOKEN, Geometry, _human
 from .kinds import kind_of
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
-STAGE1_MIN_CHUNK = 1 << 16  # positions a stage-1 worker claims at a time: "chunks of 64k tokens", or more with
-CHUNK_SLOTS_PER_PARTITION = 64  # many partitions: a chunk brings each partition this many slots on average, so
-                           # stage 2's step per (chunk, partition) is spread over them (at 2^14 partitions a 64k
-                           # chunk brought 4, and stage 2 with 2 workers ran slower than with 1)
+# Positions a stage-1 worker claims at a time: "chunks of 64k tokens", or more with many partitions,
+# so that a chunk brings each partition CHUNK_SLOTS_PER_PARTITION slots on average and stage 2's
+# step per (chunk, partition) is spread over them (at 2^14 partitions a 64k chunk brought 4, and
+# stage 2 with 2 workers ran slower than with 1).
+STAGE1_MIN_CHUNK = 1 << 16
+CHUNK_SLOTS_PER_PARTITION = 64
 STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
 MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
 HUGE_OUTPUT_BYTES = 1 << 21  # lookup outputs this large get their own huge-page mapping (one 2 MiB page)
@@ -105,8 +106,7 @@ def alloc(shape, dtype):
 def lookup_outputs(K, n):
     """A lookup's output arrays, (K, n) each: token, count, top count (int32), purity (float32),
     kind (int16), carved from one allocation. From 2 MiB up it is fresh memory with huge pages
-    asked for: 4 KiB pages cost a fault each on first write, which took a sealed lookup of 116k
-    positions 15 ns per position."""
+    asked for: 4 KiB pages cost a fault each on first write, a good part of a lookup's time."""
     sizes = [(np.int32, 4), (np.int32, 4), (np.int32, 4), (np.float32, 4), (np.int16, 2)]
     nbytes = sum(b for _, b in sizes) * K * n
     buf = alloc((nbytes,), np.uint8) if nbytes >= HUGE_OUTPUT_BYTES else np.empty(nbytes, dtype=np.uint8)

@@ -207,8 +207,9 @@ def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, k
     length, into keys[:j1-j0] and parts[:j1-j0].
 
     Vectorised over positions: with the prefix polynomial P(a) = sum_{k<a} (s[k]+1) M^(a-1-k)
-    (one multiply-add per token, the only sequential step), R_L(j) = P(j) - P(j-L) M^L for
-    every length at once, and each length's pass over the block is a loop without branches."""
+    (one multiply-add per token, the only sequential step: prefix_sums), R_L(j) = P(j) -
+    P(j-L) M^L for every length at once, and each length's pass over the block is a loop
+    without branches."""
     base = j0 - lengths[lengths.shape[0] - 1]
     prefix_sums(s, base, j1 - 1 - base, prefix)  # P(j) for j < j1 reads s[:j1-1] only
     n = j1 - j0
