@@ -305,6 +305,19 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
 # ---- sealing ----------------------------------------------------------------------------------
 
 @numba.njit(cache=True, inline="always")
+def insertion_sort(a, n):
+    """Sort a[:n] in place: for the short runs of sealing and of a lookup, fewer moves than
+    a general sort."""
+    for i in range(1, n):
+        v = a[i]
+        j = i - 1
+        while j >= 0 and a[j] > v:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = v
+
+
+@numba.njit(cache=True, inline="always")
 def lower_bound(row, base, n, x):
     """First index i in [base, base+n] with row[i] >= x, row[base:base+n] sorted. Branch-free:
     the iteration count depends on n only, never on the values read."""
@@ -389,14 +402,7 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
                 if f > INSERTION_SORT_MAX:
                     tp[b, :f].sort()
                 else:
-                    row = tp[b]
-                    for i in range(1, f):
-                        v = row[i]
-                        j = i - 1
-                        while j >= 0 and row[j] > v:
-                            row[j + 1] = row[j]
-                            j -= 1
-                        row[j + 1] = v
+                    insertion_sort(tp[b], f)
                 sm = summary[p, b]
                 sm[:] = 0
                 sm[0] = f
@@ -512,13 +518,7 @@ def top_follower(toks, n, is_sorted):
     """(most frequent token, its count) of toks[:n] (ties to the smallest id); sorts toks[:n]
     unless is_sorted."""
     if not is_sorted:
-        for i in range(1, n):  # insertion sort: n < SIDE_MIN_COUNT
-            v = toks[i]
-            j = i - 1
-            while j >= 0 and toks[j] > v:
-                toks[j + 1] = toks[j]
-                j -= 1
-            toks[j + 1] = v
+        insertion_sort(toks, n)  # n < SIDE_MIN_COUNT
     best, best_tok, run = 0, -1, 0
     for i in range(n):
         run = run + 1 if i > 0 and toks[i] == toks[i - 1] else 1
