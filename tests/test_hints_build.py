@@ -7,14 +7,7 @@ import pytest
 from hints import Geometry, HintIndex
 from hints.index import stage1_chunk
 from hints.reference import reference_slots
-
-
-def phrase_stream(seed, n, vocab, n_phrases, max_len):
-    rng = np.random.default_rng(seed)
-    phrases = [rng.integers(0, vocab, rng.integers(1, max_len + 1)) for _ in range(n_phrases)]
-    w = 1.0 / np.arange(1, n_phrases + 1)
-    picks = rng.choice(n_phrases, size=n, p=w / w.sum())
-    return np.concatenate([phrases[i] for i in picks])[:n].astype(np.uint16)
+from streams import phrase_stream
 
 
 def build(geom, stream, workers, chunk, parts=1):

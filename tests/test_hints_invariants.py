@@ -11,21 +11,13 @@ from hints import Geometry, HintIndex, ReferenceIndex, n_kinds
 from hints.kinds import (COUNT_BUCKET_EDGES, KINDS_PER_LENGTH, N_COUNT_BUCKETS,
                          N_PURITY_BUCKETS, PURITY_BUCKET_EDGES, kind_of, kind_parts)
 from hints.reference import reference_slots, slot_of
+from streams import phrase_stream
 
 FIELDS = ("token", "count", "purity", "kind")
 
 
 def iid_stream(seed, n, vocab, low=0):
     return np.random.default_rng(seed).integers(low, low + vocab, n).astype(np.uint16)
-
-
-def phrase_stream(seed, n, vocab, n_phrases, max_len):
-    """Random phrases of a small vocabulary strung together (Zipf-like): n-grams of every length repeat."""
-    rng = np.random.default_rng(seed)
-    phrases = [rng.integers(0, vocab, rng.integers(1, max_len + 1)) for _ in range(n_phrases)]
-    w = 1.0 / np.arange(1, n_phrases + 1)
-    picks = rng.choice(n_phrases, size=n, p=w / w.sum())
-    return np.concatenate([phrases[i] for i in picks])[:n].astype(np.uint16)
 
 
 def markov_stream(seed, n, vocab, alpha=0.3, stream_seed=0):
