@@ -367,10 +367,13 @@ class HintIndex:
                         sc["keys"], sc["parts"], sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"],
                         sc["small_u"])
                 else:
+                    lookup_kernels.with_frozen_runs(sc, K, g.slots)
                     lookup_kernels.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
                         self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["runs"], sc["keys"], sc["parts"],
-                        sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"], sc["small_u"])
+                        sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"], sc["small_u"],
+                        sc["frozen_keys"], sc["frozen_vals"], sc["frozen_runs"], sc["frozen_tops"],
+                        sc["frozen_used"])
             finally:
                 self._give_scratch(sc)
             if hints:

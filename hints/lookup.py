@@ -10,7 +10,9 @@ shortest n-gram and counts their followers in token-indexed counters. Frequent n
 long runs and recur in a query, so the positions are sorted first (in blocks of
 GROUP_BLOCK, by bucket address and key): each distinct n-gram is then gathered and counted
 once per block, each longer length from its shorter one's slots, and buckets are read in
-address order. Nothing outlives a call, so an add() between lookups needs no invalidation.
+address order. An n-gram whose two buckets are both full can gain no slot: its run is kept,
+sorted, with its answers, across calls (frozen_run), so an add() between lookups needs no
+invalidation.
 
 Sealed index (`seal_partitions`, `lookup_sorted`). Sealing sorts each bucket's slots as
 uint64 words. A slot is [checksum(L0) | checksum(L1) | ... | token] from the top bit down, so
@@ -54,6 +56,18 @@ RADIX_BITS = 10
 RADIX_PASSES = -(-SORT_BITS // RADIX_BITS)
 GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahead is prefetched, and
                   # the filled lines of the one GROUP_AHEAD ahead
+# Frozen runs (growing index): an n-gram both of whose buckets are full can gain no slot, so a
+# worker keeps its shortest-length run across calls, sorted, with the answer of every length's
+# run in it. A record step meets ~450 such n-grams (40% of its positions on the stdlib corpus),
+# ~90% of them kept from earlier steps, and their runs average ~345 slots (two full buckets of
+# 176). A worker keeps up to FROZEN_ENTRIES runs (an open-addressing table twice that size, at
+# most half full) in FROZEN_RUN_SLOTS slots (~1,500 of the record's runs), and drops them all
+# when either is full.
+FROZEN_ENTRIES = 4096
+FROZEN_RUN_SLOTS = 1 << 19
+FROZEN_TOP_SHIFT = 32  # an answer = top follower << 32 | its count
+FROZEN_TAG = U64(1 << CHECKSUM_TOTAL_BITS)  # frozen key = partition << 49 | FROZEN_TAG | shortest key: never 0
+FROZEN_PART_SHIFT = U64(CHECKSUM_TOTAL_BITS + 1)
 
 # Sealed index: n-grams with at least this many slots get a side-table entry. At 16 a
 # counted run is at most two cache lines of slots; the side table holds at most
@@ -109,7 +123,8 @@ def new_scratch(n_lengths, slots):
     """Per-worker lookup state, allocated once per index and reused, every array on cache lines
     of its own (kernels.stage1_worker says why the kernels allocate nothing themselves):
     follower counters (kept zeroed), each length's matching slots and tokens, a block's hashes
-    and sort buffers, and small per-length and per-group arrays (SMALL_ROWS x PREFETCH_GROUP)."""
+    and sort buffers, and small per-length and per-group arrays (SMALL_ROWS x PREFETCH_GROUP).
+    A growing index's lookups add their frozen runs (with_frozen_runs)."""
     return dict(
         counts=line_aligned((N_TOKENS,), np.int32),
         runs=line_aligned((MAX_LENGTHS, 2 * slots), np.uint64),
@@ -123,6 +138,25 @@ def new_scratch(n_lengths, slots):
         small_i=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.int64),
         small_u=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.uint64),
     )
+
+
+def with_frozen_runs(scratch, n_lengths, slots):
+    """scratch with the frozen runs a growing index's lookups keep across calls (frozen_run),
+    allocated and written once so that no lookup takes their page faults (they had cost more
+    than the runs saved): 8 bytes a slot, and 8 per slot and longer length for the answers,
+    12 MiB with 3 lengths."""
+    if "frozen_runs" not in scratch:
+        n = max(FROZEN_RUN_SLOTS, 2 * slots)  # room for the longest run, two full buckets
+        scratch.update(
+            frozen_keys=line_aligned((2 * FROZEN_ENTRIES,), np.uint64),  # 0: empty
+            frozen_vals=line_aligned((2 * FROZEN_ENTRIES, 3), np.int64),  # run offset, count, answer
+            frozen_runs=line_aligned((n,), np.uint64),
+            frozen_tops=line_aligned((max(1, n_lengths - 1), n), np.int64),  # longer lengths' answers
+            frozen_used=line_aligned((3,), np.int64),  # entries, run slots, times all were dropped
+        )
+        for a in (scratch["frozen_runs"], scratch["frozen_tops"]):
+            a.fill(1)  # zeroed pages are mapped on first write; write them now
+    return scratch
 
 
 @numba.njit(cache=True, inline="always")
@@ -230,9 +264,103 @@ def top_of_run(run, m, counts):
     return np.int64(TOKEN_MASK) - (best & np.int64(TOKEN_MASK)), best >> TOKEN_BITS
 
 
+@numba.njit(cache=True, inline="always")
+def sort_low_bits(a, m, spare, hist, low_bits):
+    """Sort a[:m] in place by its low `low_bits` bits (LSD, 8 bits a pass, stable, through
+    spare[:m]): for slots that share the bits above, the same order as sorting them whole."""
+    src, dst = a, spare
+    for shift in range(0, low_bits, 8):
+        hist[:256] = 0
+        for i in range(m):
+            hist[np.int64((src[i] >> U64(shift)) & U64(255))] += 1
+        o = 0
+        for d in range(256):
+            c = hist[d]
+            hist[d] = o
+            o += c
+        for i in range(m):
+            d = np.int64((src[i] >> U64(shift)) & U64(255))
+            dst[hist[d]] = src[i]
+            hist[d] += 1
+        src, dst = dst, src
+    if (low_bits + 7) // 8 % 2:  # an odd number of passes left the result in spare
+        a[:m] = spare[:m]
+
+
+@numba.njit(cache=True, inline="always")
+def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys, fvals, fruns, ftops, fused):
+    """Row of fvals, [offset in fruns, count, answer], of the frozen run of shortest key c0 in
+    partition `part`, whose buckets row1 and row2 are both full; an answer is top follower <<
+    FROZEN_TOP_SHIFT | its count. The run is the n-gram's slots sorted, so that the run of each
+    longer length is a range of it, whose answer frozen_top keeps in ftops. A run not kept yet is
+    gathered (through `run`) and kept; when the table would be more than half full or the runs
+    would not fit, everything kept is dropped first. `spare` and `hist` are sort buffers."""
+    fk = (part << FROZEN_PART_SHIFT) | FROZEN_TAG | c0
+    mask = fkeys.shape[0] - 1
+    h = np.int64(fmix64(fk) & U64(mask))
+    while fkeys[h] != 0:
+        if fkeys[h] == fk:
+            return h
+        h = (h + 1) & mask
+    m = gather_run(row1, slots, sh[0], c0, run, 0)
+    m = gather_run(row2, slots, sh[0], c0, run, m)
+    if 2 * (fused[0] + 1) > fkeys.shape[0] or fused[1] + m > fruns.shape[0]:
+        fkeys[:] = 0
+        fused[0] = 0
+        fused[1] = 0
+        fused[2] += 1
+        h = np.int64(fmix64(fk) & U64(mask))
+    o = fused[1]
+    kept = fruns[o:o + m]
+    sort_low_bits(run, m, spare, hist, np.int64(sh[0]))  # the slots share the bits above: sorted by all
+    kept[:] = run[:m]
+    ftops[:, o:o + m] = -1  # longer lengths' answers: computed when first asked for (frozen_top)
+    tok, top = -1, 0
+    if m > 0:
+        tok, top = top_of_run(kept, m, counts)
+    fkeys[h] = fk
+    fvals[h, 0] = o
+    fvals[h, 1] = m
+    fvals[h, 2] = (tok << FROZEN_TOP_SHIFT) | top
+    fused[0] += 1
+    fused[1] += m
+    return h
+
+
+@numba.njit(cache=True, inline="always")
+def frozen_top(k, last, a, m, fruns, ftops, counts):
+    """(top follower, its count) of the run fruns[a:a+m] of length k >= 1 (the longest if
+    `last`), kept in ftops[k - 1, a] once computed."""
+    v = ftops[k - 1, a]
+    if v < 0:
+        if last:  # the longest length's followers are in order
+            tok, top = top_of_sorted(fruns[a:], m)
+        else:
+            tok, top = top_of_run(fruns[a:], m, counts)
+        v = (tok << FROZEN_TOP_SHIFT) | top
+        ftops[k - 1, a] = v
+    return v >> FROZEN_TOP_SHIFT, v & ((1 << FROZEN_TOP_SHIFT) - 1)
+
+
+@numba.njit(cache=True, inline="always")
+def top_of_sorted(toks, m):
+    """(most frequent follower, its count) of the m slots toks[:m], whose tokens are in order
+    (ties to the smallest id): the longest stretch of one token."""
+    best, best_tok, stretch = 0, np.int64(-1), 0
+    prev = np.int64(-1)
+    for i in range(m):
+        tok = np.int64(toks[i] & TOKEN_MASK)
+        stretch = stretch + 1 if tok == prev else 1
+        if stretch > best:
+            best, best_tok = stretch, tok
+        prev = tok
+    return best_tok, best
+
+
 @numba.njit(cache=True, nogil=True)
 def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-                out_token, out_count, out_top, counts, runs, keys, parts, order, spare, hist, prefix, small_i, small_u):
+                out_token, out_count, out_top, counts, runs, keys, parts, order, spare, hist, prefix, small_i, small_u,
+                frozen_keys, frozen_vals, frozen_runs, frozen_tops, frozen_used):
     """For positions t0..t1-1 of q: top follower, the n-gram's count and the top's count, per length.
 
     Position t uses the n-gram q[t-L+1..t] (stream position j = t+1). A growing index keeps a
@@ -242,8 +370,10 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     (partition, first bucket, a hash of the shortest key, the longer lengths' checksums). Each
     shortest n-gram of the block is then gathered from its buckets once, in address order;
     each longer length's slots are filtered from the next shorter one's, once per distinct key
-    (equal keys are adjacent). Buckets ahead are prefetched (GROUP_AHEAD). The scratch arrays
-    come from new_scratch.
+    (equal keys are adjacent). Buckets ahead are prefetched (GROUP_AHEAD). An n-gram whose two
+    buckets are full reads its kept sorted run instead (frozen_run): each length's run is a range
+    of it, counted from the shorter length's range, and its answer is kept with it. The scratch
+    arrays come from new_scratch.
     """
     K = lengths.shape[0]
     slots = table.shape[2]
@@ -254,6 +384,8 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
         sh[k] = shifts[k]
     sh0 = sh[0]
     m, res_tok, res_top = small_i[0], small_i[1], small_i[2]  # slots matching each length's key; what they say
+    lo = small_i[3]  # frozen: where each length's run starts in frozen_runs
+    frozen = False
     while t < t1:
         n = min(t1 - t, GROUP_BLOCK)
         srt = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts,
@@ -269,8 +401,10 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                 pa = np.int64(srt[s + GROUP_AHEAD - 1] & U64(GROUP_BLOCK - 1))
                 if parts[a] != parts[pa] or (keys[a] >> sh0) != (keys[pa] >> sh0):  # a new n-gram
                     b1, _ = bucket_pair(keys[a] >> sh0, bucket_bits)
-                    for o in range(0, np.int64(fill[parts[a], b1]), SLOTS_PER_LINE):
-                        prefetch3(table, parts[a], b1, o)
+                    fa = np.int64(fill[parts[a], b1])
+                    if fa < slots:  # a full bucket's n-gram is most likely frozen: its kept run is read instead
+                        for o in range(0, fa, SLOTS_PER_LINE):
+                            prefetch3(table, parts[a], b1, o)
             i = np.int64(srt[s] & U64(GROUP_BLOCK - 1))
             key, part = keys[i], parts[i]
             j = t + i + 1
@@ -284,14 +418,31 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                 if k == 0:
                     b1, b2 = bucket_pair(key >> sh0, bucket_bits)
                     f1 = np.int64(fill[part, b1])
-                    m[0] = gather_run(table[part, b1], f1, sh0, key >> sh0, runs[0], 0)
-                    if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
-                        m[0] = gather_run(table[part, b2], np.int64(fill[part, b2]), sh0, key >> sh0, runs[0], m[0])
+                    frozen = f1 >= slots and np.int64(fill[part, b2]) >= slots
+                    if frozen:
+                        e = frozen_run(part, key >> sh0, sh, table[part, b1], table[part, b2], slots, runs[0],
+                                       runs[1], hist, counts, frozen_keys, frozen_vals, frozen_runs, frozen_tops,
+                                       frozen_used)
+                        lo[0], m[0] = frozen_vals[e, 0], frozen_vals[e, 1]
+                        v = frozen_vals[e, 2]
+                        res_tok[0], res_top[0] = v >> FROZEN_TOP_SHIFT, v & ((1 << FROZEN_TOP_SHIFT) - 1)
+                    else:
+                        m[0] = gather_run(table[part, b1], f1, sh0, key >> sh0, runs[0], 0)
+                        if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
+                            m[0] = gather_run(table[part, b2], np.int64(fill[part, b2]), sh0, key >> sh0, runs[0], m[0])
                 elif j < lengths[k] or m[k - 1] == 0:  # too early for this length, or absent already
                     m[k] = 0
+                elif frozen:  # a range of the shorter length's range
+                    x = (key >> sh[k]) << sh[k]
+                    a, b = count_range(frozen_runs, lo[k - 1], m[k - 1], x, x | ((U64(1) << sh[k]) - U64(1)))
+                    lo[k], m[k] = a, b - a
                 else:
                     m[k] = gather_run(runs[k - 1], m[k - 1], sh[k], key >> sh[k], runs[k], 0)
-                if m[k] > 0:
+                if m[k] == 0 or (frozen and k == 0):
+                    pass
+                elif frozen:
+                    res_tok[k], res_top[k] = frozen_top(k, k == K - 1, lo[k], m[k], frozen_runs, frozen_tops, counts)
+                else:
                     res_tok[k], res_top[k] = top_of_run(runs[k], m[k], counts)
             for k in range(K):
                 if m[k] > 0:
@@ -483,18 +634,26 @@ def fence_lines(sm, x):
 
 
 @numba.njit(cache=True, inline="always")
+def count_range(row, a, n, x, y):
+    """[lo, hi): the slots of row[a:a+n] (sorted) with x <= slot <= y, counted: a vectorised
+    compare with no dependent loads, faster than a binary search over short ranges and over
+    ranges already in cache."""
+    lo = a
+    hi = a
+    part = row[a:a + n]  # indexed from 0: no gathers (gather_run says why)
+    for i in range(part.shape[0]):
+        lo += np.int64(part[i] < x)
+        hi += np.int64(part[i] <= y)
+    return lo, hi
+
+
+@numba.njit(cache=True, inline="always")
 def bounds(row, a, n, x, y):
     """[lo, hi): the slots of row[a:a+n] (sorted) with x <= slot <= y. Short ranges are counted
-    (a vectorised compare, no dependent loads); long ones get two branch-free binary searches
-    run in one loop (two independent chains of loads; the iteration count depends on n only)."""
+    (count_range); long ones get two branch-free binary searches run in one loop (two
+    independent chains of loads; the iteration count depends on n only)."""
     if n <= LINEAR_BOUNDS:
-        lo = a
-        hi = a
-        part = row[a:a + n]  # indexed from 0: no gathers (gather_run says why)
-        for i in range(part.shape[0]):
-            lo += np.int64(part[i] < x)
-            hi += np.int64(part[i] <= y)
-        return lo, hi
+        return count_range(row, a, n, x, y)
     lo = a
     hi = a
     while n > 1:

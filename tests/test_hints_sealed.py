@@ -5,8 +5,9 @@ after save/load, and whatever the worker count; add() unseals; the scan follows 
 import numpy as np
 import pytest
 
-from hints import Geometry, HintIndex, store
+from hints import Geometry, HintIndex, lookup, store
 from hints.lookup import SIDE_MIN_COUNT, summary_words
+from hints.reference import slot_of
 
 FIELDS = ("token", "count", "purity", "kind")
 
@@ -168,3 +169,29 @@ def test_scan_follows_adds():
     assert changed > 1000  # the adds did change results
     assert (idx.fill == geom.slots).sum() >= 2  # full first buckets: second buckets were read
 
+
+
+@pytest.mark.parametrize("entries, run_slots, full", [(lookup.FROZEN_ENTRIES, lookup.FROZEN_RUN_SLOTS, False),
+                                                      (2, 1 << 10, True), (64, 40, True)],
+                         ids=["room", "table-full", "runs-full"])
+def test_frozen_runs_follow_adds(monkeypatch, entries, run_slots, full):
+    """A growing index's lookups keep the sorted runs of n-grams whose two buckets are full
+    (hints.lookup.frozen_run) across calls. Lookups between adds stay equal to a sealed index of
+    the tokens added so far: with room for every run, and with room for 2 runs or for 40 slots,
+    where the kept runs are dropped and gathered again many times in one lookup."""
+    monkeypatch.setattr(lookup, "FROZEN_ENTRIES", entries)  # they size the scratch made from here on
+    monkeypatch.setattr(lookup, "FROZEN_RUN_SLOTS", run_slots)
+    geom = Geometry(1, 2, 16, (2, 3, 5))  # 8 buckets of 16: frequent n-grams fill both of theirs
+    stream = phrase_stream(17, 6000, 4, 30, 6)
+    idx = HintIndex(geom, workers=1)
+    frozen_positions = 0
+    for a, b in [(0, 300), (300, 301), (301, 2000), (2000, 6000)]:
+        idx.add(stream[a:b])
+        for q in (stream[:3000], stream[3000:]):
+            assert_same_hints(idx.lookup(q), HintIndex(geom).add(stream[:b]).seal().lookup(q), f"after {b}")
+        ext = [int(x) for x in stream[3000:]] + [0]
+        buckets = [slot_of(geom, ext, j)[:3] for j in range(geom.lengths[0], len(ext))]
+        frozen_positions += sum(idx.fill[p, b1] >= geom.slots and idx.fill[p, b2] >= geom.slots for p, b1, b2 in buckets)
+    entries_kept, _, dropped_all = idx._scratch_free[0]["frozen_used"]
+    assert frozen_positions > 1000 and entries_kept > 0  # the kept runs were used
+    assert (dropped_all > 10) == full  # ... and dropped when full
