@@ -90,16 +90,6 @@ def bucket_pair(c0, bucket_bits):
     return b1, b2
 
 
-@intrinsic
-def cttz(typingctx, x):
-    """Count of trailing zero bits of a uint64 (the index of its lowest set bit)."""
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(1)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
-    return types.uint64(types.uint64), codegen
-
-
 @numba.njit(cache=True, inline="always")
 def rolling_start(s, j, length):
     """R_L(j) computed directly (Horner, oldest token first)."""
