@@ -39,12 +39,9 @@ def kind_of(length_index, count, top):
     cb = 0
     for e in range(1, _COUNT_EDGES.shape[0]):
         cb += count >= _COUNT_EDGES[e]
-    if top == count:
-        pb = N_PURITY_BUCKETS - 1
-    else:
-        pb = 0
-        for e in range(_PURITY_NUM.shape[0]):
-            pb += top * _PURITY_DEN[e] >= _PURITY_NUM[e] * count
+    pb = np.int64(top == count)  # "pure" is one bucket past the last edge, which a pure hint passes too
+    for e in range(_PURITY_NUM.shape[0]):
+        pb += top * _PURITY_DEN[e] >= _PURITY_NUM[e] * count
     return length_index * KINDS_PER_LENGTH + cb * N_PURITY_BUCKETS + pb
 
 
