@@ -40,7 +40,6 @@ STAGE1_MIN_CHUNK = 1 << 16
 CHUNK_SLOTS_PER_PARTITION = 64
 STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
 MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
-HUGE_OUTPUT_BYTES = 1 << 21  # lookup outputs this large get their own huge-page mapping (one 2 MiB page)
 
 
 @dataclasses.dataclass
@@ -105,11 +104,11 @@ def alloc(shape, dtype):
 
 def lookup_outputs(K, n):
     """A lookup's output arrays, (K, n) each: token, count, top count (int32), purity (float32),
-    kind (int16), carved from one allocation. From 2 MiB up it is fresh memory with huge pages
-    asked for: 4 KiB pages cost a fault each on first write, a good part of a lookup's time."""
+    kind (int16), carved from one allocation. From malloc, not a fresh mapping: once a caller
+    has dropped its last result, the allocator hands the same memory back with no page faults
+    (a fresh huge-page mapping per call paid them on every lookup)."""
     sizes = [(np.int32, 4), (np.int32, 4), (np.int32, 4), (np.float32, 4), (np.int16, 2)]
-    nbytes = sum(b for _, b in sizes) * K * n
-    buf = alloc((nbytes,), np.uint8) if nbytes >= HUGE_OUTPUT_BYTES else np.empty(nbytes, dtype=np.uint8)
+    buf = np.empty(sum(b for _, b in sizes) * K * n, dtype=np.uint8)
     out, o = [], 0
     for dtype, b in sizes:
         out.append(buf[o:o + b * K * n].view(dtype).reshape(K, n))
