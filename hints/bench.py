@@ -210,11 +210,11 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
     step = Figure("record step: lookup + add", "steps/s", 1)
     look = Figure(f"record step: lookup of {RECORD_LOOKUP:,}", "pos/s", RECORD_LOOKUP)
     add = Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD)
-    stages = []
+    stages, dropped = [], []
     pos = prefill
     for i in range(repeats + 1):  # the first step is a warm-up (first-touch of scratch, caches)
         wl, cl, _ = timed(lambda: idx.lookup(stream[pos:pos + RECORD_LOOKUP]))
-        before = dict(idx.build_seconds)
+        before, dropped_before = dict(idx.build_seconds), idx.dropped
         wa, ca, _ = timed(lambda: idx.add(stream[pos:pos + RECORD_ADD]))
         pos += RECORD_ADD
         if i:
@@ -222,6 +222,7 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
             add.add(wa, ca)
             step.add(wl + wa, cl + ca)
             stages.append([idx.build_seconds[s] - before[s] for s in ("stage1", "stage2")])
+            dropped.append((idx.dropped - dropped_before) / RECORD_ADD)
     floor = random_writes(log, idx.table, RECORD_ADD, repeats)
     idx = None
     ms = 1e3 / step.rates
@@ -229,9 +230,10 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
     log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 worker): "
         f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(look.wall):.2f} ms "
         f"+ add {1e3 * np.median(add.wall):.2f} ms (stage 1 {s1:.2f} + stage 2 {s2:.2f}; {RECORD_ADD:,} random writes "
-        f"take {1e3 * np.median(floor.wall):.2f} ms) (medians)")
+        f"take {1e3 * np.median(floor.wall):.2f} ms) (medians); {np.median(dropped):.0%} of the added slots were "
+        f"dropped (both buckets full)")
     return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add,
-                stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor)
+                stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor, dropped_share=dropped)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -315,7 +317,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
         record = dict(geometry=rec["geometry"], prefill=rec["prefill"], ms=[1e3 * w for w in rec["step"].wall],
                       lookup_ms=[1e3 * w for w in rec["lookup"].wall], add_ms=[1e3 * w for w in rec["add"].wall],
                       stage1_ms=[s[0] for s in rec["stages_ms"]], stage2_ms=[s[1] for s in rec["stages_ms"]],
-                      random_writes_ms=[1e3 * w for w in rec["random_writes"].wall])
+                      random_writes_ms=[1e3 * w for w in rec["random_writes"].wall], dropped_share=rec["dropped_share"])
     build, stages, idx = bench_build(train, geom, workers, repeats, log)
     for w, f in build.items():
         figs[f"build_{w}w"] = f

@@ -91,3 +91,18 @@ def test_bad_input_is_a_clear_error(shards, tmp_path):
     assert r.returncode == 2 and "bad.idx" in r.stderr and "magic" in r.stderr
     r = hints_cli("build", "--tokens", str(d / "train_*.bin"), "--out", str(tmp_path / "g.idx"), "--geometry", "4,8,7", check=False)
     assert r.returncode == 2 and "slots=7" in r.stderr
+
+
+def test_record_step_bench_reports_drops():
+    """`hints bench --record-step` at the record's geometry (1.4 GiB): each measured step's
+    lookup + add, its two stages, and the share of added slots dropped, which is 0 for text
+    with no repeated n-gram and nearly all for one phrase said over and over."""
+    from hints.bench import RECORD_ADD, bench_record_step
+    fresh = np.random.default_rng(0).integers(0, 65536, 3 * RECORD_ADD).astype(np.uint16)
+    phrase = np.tile(np.arange(7, dtype=np.uint16), 3 * RECORD_ADD // 7)
+    for stream, lo, hi in ((fresh, 0.0, 0.0), (phrase, 0.99, 1.0)):
+        lines = []
+        rec = bench_record_step(stream, 1, lines.append)
+        assert len(rec["step"].wall) == 1 and len(rec["stages_ms"]) == 1
+        assert lo <= rec["dropped_share"][0] <= hi, rec["dropped_share"]
+        assert "of the added slots were dropped" in lines[-1]
