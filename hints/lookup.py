@@ -53,7 +53,6 @@ GROUP_BITS = 15
 GROUP_BLOCK = 1 << GROUP_BITS
 SORT_BITS = 64 - GROUP_BITS
 RADIX_BITS = 10
-RADIX_PASSES = -(-SORT_BITS // RADIX_BITS)
 GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahead is prefetched, and
                   # the filled lines of the one GROUP_AHEAD ahead
 # Frozen runs (growing index): an n-gram both of whose buckets are full can gain no slot, so a
@@ -179,23 +178,22 @@ def hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, pre
 
 
 @numba.njit(cache=True, inline="always")
-def radix_sort(a, n, spare, hist):
-    """Sort a[:n] by bits GROUP_BITS..GROUP_BITS+SORT_BITS-1 (LSD, RADIX_BITS per pass, stable);
-    returns the array that holds the result (a or spare)."""
-    mask = U64((1 << RADIX_BITS) - 1)
+def radix_sort(a, n, spare, hist, low, n_bits, digit_bits):
+    """Sort a[:n] by bits low..low+n_bits-1 (LSD, digit_bits a pass, stable, through spare[:n]);
+    returns the array that holds the result (a or spare). hist holds 2^digit_bits counters."""
+    mask = U64((1 << digit_bits) - 1)
     src, dst = a, spare
-    for p in range(RADIX_PASSES):
-        sh = U64(GROUP_BITS + p * RADIX_BITS)
-        hist[:] = 0
+    for sh in range(low, low + n_bits, digit_bits):
+        hist[:1 << digit_bits] = 0
         for i in range(n):
-            hist[np.int64((src[i] >> sh) & mask)] += 1
+            hist[np.int64((src[i] >> U64(sh)) & mask)] += 1
         o = 0
-        for d in range(hist.shape[0]):
+        for d in range(1 << digit_bits):
             c = hist[d]
             hist[d] = o
             o += c
         for i in range(n):
-            d = np.int64((src[i] >> sh) & mask)
+            d = np.int64((src[i] >> U64(sh)) & mask)
             dst[hist[d]] = src[i]
             hist[d] += 1
         src, dst = dst, src
@@ -225,7 +223,7 @@ def sort_block(q, j0, n, r, lengths, pows, partition_bits, bucket_bits, bits, sh
             sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
         low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
         order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
-    return radix_sort(order, n, spare, hist)
+    return radix_sort(order, n, spare, hist, GROUP_BITS, SORT_BITS, RADIX_BITS)
 
 
 @numba.njit(cache=True, inline="always")
@@ -261,29 +259,6 @@ def top_of_run(run, m, counts):
 
 
 @numba.njit(cache=True, inline="always")
-def sort_low_bits(a, m, spare, hist, low_bits):
-    """Sort a[:m] in place by its low `low_bits` bits (LSD, 8 bits a pass, stable, through
-    spare[:m]): for slots that share the bits above, the same order as sorting them whole."""
-    src, dst = a, spare
-    for shift in range(0, low_bits, 8):
-        hist[:256] = 0
-        for i in range(m):
-            hist[np.int64((src[i] >> U64(shift)) & U64(255))] += 1
-        o = 0
-        for d in range(256):
-            c = hist[d]
-            hist[d] = o
-            o += c
-        for i in range(m):
-            d = np.int64((src[i] >> U64(shift)) & U64(255))
-            dst[hist[d]] = src[i]
-            hist[d] += 1
-        src, dst = dst, src
-    if (low_bits + 7) // 8 % 2:  # an odd number of passes left the result in spare
-        a[:m] = spare[:m]
-
-
-@numba.njit(cache=True, inline="always")
 def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys, fvals, fruns, ftops, fused):
     """Row of fvals, [offset in fruns, count, answer], of the frozen run of shortest key c0 in
     partition `part`, whose buckets row1 and row2 are both full; an answer is top follower <<
@@ -308,8 +283,7 @@ def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys,
         h = np.int64(fmix64(fk) & U64(mask))
     o = fused[1]
     kept = fruns[o:o + m]
-    sort_low_bits(run, m, spare, hist, np.int64(sh[0]))  # the slots share the bits above: sorted by all
-    kept[:] = run[:m]
+    kept[:] = radix_sort(run, m, spare, hist, 0, np.int64(sh[0]), 8)[:m]  # they share the bits above
     ftops[:, o:o + m] = -1  # longer lengths' answers: computed when first asked for (frozen_top)
     tok, top = -1, 0
     if m > 0:
