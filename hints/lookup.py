@@ -314,12 +314,12 @@ def frozen_top(k, last, a, m, fruns, ftops, counts):
 
 @numba.njit(cache=True, inline="always")
 def top_of_sorted(toks, m):
-    """(most frequent follower, its count) of the m slots toks[:m], whose tokens are in order
-    (ties to the smallest id): the longest stretch of one token."""
+    """(most frequent follower, its count) of toks[:m], slots or tokens whose tokens are in
+    order (ties to the smallest id): the longest stretch of one token."""
     best, best_tok, stretch = 0, np.int64(-1), 0
     prev = np.int64(-1)
     for i in range(m):
-        tok = np.int64(toks[i] & TOKEN_MASK)
+        tok = np.int64(toks[i]) & np.int64(TOKEN_MASK)
         stretch = stretch + 1 if tok == prev else 1
         if stretch > best:
             best, best_tok = stretch, tok
@@ -648,12 +648,7 @@ def top_follower(toks, n, is_sorted):
     unless is_sorted."""
     if not is_sorted:
         insertion_sort(toks, n)  # n < SIDE_MIN_COUNT
-    best, best_tok, run = 0, -1, 0
-    for i in range(n):
-        run = run + 1 if i > 0 and toks[i] == toks[i - 1] else 1
-        if run > best:
-            best, best_tok = run, toks[i]
-    return best_tok, best
+    return top_of_sorted(toks, n)
 
 
 @numba.njit(cache=True, nogil=True)
