@@ -487,15 +487,7 @@ def side_entries_of_run(run, n, K, shifts, bits, counts, write, side, o, cap):
             if b - a >= SIDE_MIN_COUNT and (k == 0 or (key & field_mask) != U64(0)):
                 found += 1
                 if write:
-                    best, best_tok = 0, 0
-                    for i in range(a, b):
-                        tok = np.int64(run[i] & TOKEN_MASK)
-                        c = counts[tok] + 1
-                        counts[tok] = c
-                        if c > best or (c == best and tok < best_tok):
-                            best, best_tok = c, tok
-                    for i in range(a, b):
-                        counts[np.int64(run[i] & TOKEN_MASK)] = 0
+                    best_tok, best = top_of_run(run[a:], b - a, counts)
                     skey = (U64(k) << SIDE_LEVEL_SHIFT) | key
                     h = side_home(skey, U64(cap - 1))
                     while side[2 * (o + h) + 1] != U64(0):
