@@ -64,7 +64,6 @@ GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahea
 # when either is full.
 FROZEN_ENTRIES = 4096
 FROZEN_RUN_SLOTS = 1 << 19
-FROZEN_TOP_SHIFT = 32  # an answer = top follower << 32 | its count
 FROZEN_TAG = U64(1 << CHECKSUM_TOTAL_BITS)  # frozen key = partition << 49 | FROZEN_TAG | shortest key: never 0
 FROZEN_PART_SHIFT = U64(CHECKSUM_TOTAL_BITS + 1)
 
@@ -73,7 +72,6 @@ FROZEN_PART_SHIFT = U64(CHECKSUM_TOTAL_BITS + 1)
 # n_lengths / 16 entries per slot, in practice far fewer.
 SIDE_MIN_COUNT = 16
 SIDE_LEVEL_SHIFT = U64(CHECKSUM_TOTAL_BITS)  # side key = length index << 48 | nested key
-SIDE_TOP_SHIFT = U64(TOKEN_BITS)             # side value = top count << 16 | top token (never 0: top >= 1)
 SIDE_LOAD = 2                                # side-table capacity >= 2 x entries (linear probing stays short)
 # Sealed bucket summary: one uint16 row per bucket, [fill, fence of line 0, line 1, ...], where
 # a line's fence is the top 16 bits of its first slot (the top of the shortest length's
@@ -106,6 +104,19 @@ def query_keys(key, j, lengths, sh, qk):
             qk[k] = key >> sh[k]
             valid += 1
     return valid
+
+
+@numba.njit(cache=True, inline="always")
+def answer(tok, top):
+    """An n-gram's answer in one int64, as the side table and the frozen runs keep it: top count
+    << TOKEN_BITS | top follower (never 0 for a present n-gram: its top count is >= 1)."""
+    return (np.int64(top) << TOKEN_BITS) | np.int64(tok)
+
+
+@numba.njit(cache=True, inline="always")
+def answer_parts(v):
+    """(top follower, top count) of an answer."""
+    return v & np.int64(TOKEN_MASK), v >> TOKEN_BITS
 
 
 @numba.njit(cache=True, inline="always")
@@ -260,12 +271,12 @@ def top_of_run(run, m, counts):
 
 @numba.njit(cache=True, inline="always")
 def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys, fvals, fruns, ftops, fused):
-    """Row of fvals, [offset in fruns, count, answer], of the frozen run of shortest key c0 in
-    partition `part`, whose buckets row1 and row2 are both full; an answer is top follower <<
-    FROZEN_TOP_SHIFT | its count. The run is the n-gram's slots sorted, so that the run of each
-    longer length is a range of it, whose answer frozen_top keeps in ftops. A run not kept yet is
-    gathered (through `run`) and kept; when the table would be more than half full or the runs
-    would not fit, everything kept is dropped first. `spare` and `hist` are sort buffers."""
+    """Row of fvals, [offset in fruns, count, answer (0 when absent)], of the frozen run of
+    shortest key c0 in partition `part`, whose buckets row1 and row2 are both full. The run is
+    the n-gram's slots sorted, so that the run of each longer length is a range of it, whose
+    answer frozen_top keeps in ftops. A run not kept yet is gathered (through `run`) and kept;
+    when the table would be more than half full or the runs would not fit, everything kept is
+    dropped first. `spare` and `hist` are sort buffers."""
     fk = (part << FROZEN_PART_SHIFT) | FROZEN_TAG | c0
     mask = fkeys.shape[0] - 1
     h = np.int64(fmix64(fk) & U64(mask))
@@ -285,13 +296,13 @@ def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys,
     kept = fruns[o:o + m]
     kept[:] = radix_sort(run, m, spare, hist, 0, np.int64(sh[0]), 8)[:m]  # they share the bits above
     ftops[:, o:o + m] = -1  # longer lengths' answers: computed when first asked for (frozen_top)
-    tok, top = -1, 0
-    if m > 0:
-        tok, top = top_of_run(kept, m, counts)
     fkeys[h] = fk
     fvals[h, 0] = o
     fvals[h, 1] = m
-    fvals[h, 2] = (tok << FROZEN_TOP_SHIFT) | top
+    fvals[h, 2] = 0
+    if m > 0:
+        tok, top = top_of_run(kept, m, counts)
+        fvals[h, 2] = answer(tok, top)
     fused[0] += 1
     fused[1] += m
     return h
@@ -307,9 +318,9 @@ def frozen_top(k, last, a, m, fruns, ftops, counts):
             tok, top = top_of_sorted(fruns[a:], m)
         else:
             tok, top = top_of_run(fruns[a:], m, counts)
-        v = (tok << FROZEN_TOP_SHIFT) | top
+        v = answer(tok, top)
         ftops[k - 1, a] = v
-    return v >> FROZEN_TOP_SHIFT, v & ((1 << FROZEN_TOP_SHIFT) - 1)
+    return answer_parts(v)
 
 
 @numba.njit(cache=True, inline="always")
@@ -394,8 +405,7 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                                        runs[1], hist, counts, frozen_keys, frozen_vals, frozen_runs, frozen_tops,
                                        frozen_used)
                         lo[0], m[0] = frozen_vals[e, 0], frozen_vals[e, 1]
-                        v = frozen_vals[e, 2]
-                        res_tok[0], res_top[0] = v >> FROZEN_TOP_SHIFT, v & ((1 << FROZEN_TOP_SHIFT) - 1)
+                        res_tok[0], res_top[0] = answer_parts(frozen_vals[e, 2])
                     else:
                         m[0] = gather_run(table[part, b1], f1, sh0, key >> sh0, runs[0], 0)
                         if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
@@ -493,7 +503,7 @@ def side_entries_of_run(run, n, K, shifts, bits, counts, write, side, o, cap):
                     while side[2 * (o + h) + 1] != U64(0):
                         h = (h + 1) & (cap - 1)
                     side[2 * (o + h)] = skey
-                    side[2 * (o + h) + 1] = (U64(best) << SIDE_TOP_SHIFT) | U64(best_tok)
+                    side[2 * (o + h) + 1] = U64(answer(best_tok, best))
             a = b
     return found
 
@@ -766,8 +776,7 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                     if cnt >= SIDE_MIN_COUNT:
                         v = side_find(side_off, side, part, (U64(k) << SIDE_LEVEL_SHIFT) | qk[k])
                     if v >= 0:
-                        out_token[k, tp] = v & np.int64(TOKEN_MASK)
-                        out_top[k, tp] = v >> np.int64(SIDE_TOP_SHIFT)
+                        out_token[k, tp], out_top[k, tp] = answer_parts(v)
                         continue
                     m1 = row1[lo1[k]:hi1[k]]
                     m2 = row2[lo2[k]:hi2[k]]
