@@ -48,11 +48,12 @@ SMALL_ROWS = 13                         # rows of a worker's small scratch array
 # hash of the shortest key, the longer keys) and read each n-gram's buckets once per block, in
 # address order. A block is a record step's lookup (32,768 positions); its position ids
 # (GROUP_BITS) ride below the SORT_BITS sort key in one uint64, sorted by RADIX_BITS-bit
-# digits (5 passes).
+# digits (RADIX_PASSES = 5 passes).
 GROUP_BITS = 15
 GROUP_BLOCK = 1 << GROUP_BITS
 SORT_BITS = 64 - GROUP_BITS
 RADIX_BITS = 10
+RADIX_PASSES = -(-SORT_BITS // RADIX_BITS)
 GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahead is prefetched, and
                   # the filled lines of the one GROUP_AHEAD ahead
 # Frozen runs (growing index): an n-gram both of whose buckets are full can gain no slot, so a
@@ -219,7 +220,11 @@ def sort_block(q, j0, n, r, lengths, pows, partition_bits, bucket_bits, bits, sh
     block. The sort key is partition | first bucket | a hash of the shortest key | the longer
     lengths' fields, cut to SORT_BITS (at most 44 bits of partition and bucket leave 5): equal
     n-grams end up adjacent and buckets are visited in address order. The order only decides
-    what is reused and in which order memory is read: any order gives the same results."""
+    what is reused and in which order memory is read: any order gives the same results.
+    Also returns the keys in sorted order (in the sort buffer the result is not in): a lookup
+    then reads its keys in sequence, where keys[i] had missed the cache once or more per
+    position (10% of a record step's lookup). A sorted entry's partition is its top bits
+    (entry_partition)."""
     hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
     sh0 = U64(shifts[0])
     low_bits = np.int64(shifts[0]) - TOKEN_BITS
@@ -234,7 +239,18 @@ def sort_block(q, j0, n, r, lengths, pows, partition_bits, bucket_bits, bits, sh
             sk = (sk << U64(hash_bits)) | (fmix64(keys[i] >> sh0) >> U64(64 - hash_bits))
         low = ((keys[i] >> U64(TOKEN_BITS)) & low_mask) >> U64(low_bits - low_kept)
         order[i] = (((sk << U64(low_kept)) | low) << U64(GROUP_BITS)) | U64(i)
-    return radix_sort(order, n, spare, hist, GROUP_BITS, SORT_BITS, RADIX_BITS)
+    srt = radix_sort(order, n, spare, hist, GROUP_BITS, SORT_BITS, RADIX_BITS)
+    sorted_keys = order if RADIX_PASSES % 2 else spare  # the buffer radix_sort did not end in
+    for s in range(n):
+        sorted_keys[s] = keys[np.int64(srt[s] & U64(GROUP_BLOCK - 1))]
+    return srt, sorted_keys
+
+
+@numba.njit(cache=True, inline="always")
+def entry_partition(entry, partition_bits):
+    """The partition of a sorted entry of sort_block: the top partition_bits bits (two shifts,
+    so that 0 bits gives 0)."""
+    return (entry >> U64(63 - partition_bits)) >> U64(1)
 
 
 @numba.njit(cache=True, inline="always")
@@ -369,25 +385,25 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     frozen = False
     while t < t1:
         n = min(t1 - t, GROUP_BLOCK)
-        srt = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts,
-                         order, spare, hist)
+        srt, skeys = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys,
+                                parts, order, spare, hist)
         prev_part, prev_key = U64(0), U64(0)
         for s in range(n):
             if s + 2 * GROUP_AHEAD < n:  # two steps ahead: the fill, then the lines it says are filled
-                a = np.int64(srt[s + 2 * GROUP_AHEAD] & U64(GROUP_BLOCK - 1))
-                b1, _ = bucket_pair(keys[a] >> sh0, bucket_bits)
-                prefetch2(fill, parts[a], b1)
+                b1, _ = bucket_pair(skeys[s + 2 * GROUP_AHEAD] >> sh0, bucket_bits)
+                prefetch2(fill, entry_partition(srt[s + 2 * GROUP_AHEAD], partition_bits), b1)
             if s + GROUP_AHEAD < n:
-                a = np.int64(srt[s + GROUP_AHEAD] & U64(GROUP_BLOCK - 1))
-                pa = np.int64(srt[s + GROUP_AHEAD - 1] & U64(GROUP_BLOCK - 1))
-                if parts[a] != parts[pa] or (keys[a] >> sh0) != (keys[pa] >> sh0):  # a new n-gram
-                    b1, _ = bucket_pair(keys[a] >> sh0, bucket_bits)
-                    fa = np.int64(fill[parts[a], b1])
+                c0 = skeys[s + GROUP_AHEAD] >> sh0
+                pa = entry_partition(srt[s + GROUP_AHEAD], partition_bits)
+                if pa != entry_partition(srt[s + GROUP_AHEAD - 1], partition_bits) or c0 != (
+                        skeys[s + GROUP_AHEAD - 1] >> sh0):  # a new n-gram
+                    b1, _ = bucket_pair(c0, bucket_bits)
+                    fa = np.int64(fill[pa, b1])
                     if fa < slots:  # a full bucket's n-gram is most likely frozen: its kept run is read instead
                         for o in range(0, fa, SLOTS_PER_LINE):
-                            prefetch3(table, parts[a], b1, o)
+                            prefetch3(table, pa, b1, o)
             i = np.int64(srt[s] & U64(GROUP_BLOCK - 1))
-            key, part = keys[i], parts[i]
+            key, part = skeys[s], entry_partition(srt[s], partition_bits)
             j = t + i + 1
             first = 1  # the first length whose key differs from the last position's
             if s == 0 or part != prev_part or (key >> sh0) != (prev_key >> sh0):
@@ -696,24 +712,23 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     sh0 = U64(shifts[0])
     while t < t1:
         n = min(t1 - t, GROUP_BLOCK)
-        srt = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys, parts,
-                         order, spare, hist)
+        srt, skeys = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys,
+                                parts, order, spare, hist)
         prev = -1  # the block index of the last position searched
+        prev_key, prev_part = U64(0), 0
         for s0 in range(0, n, PREFETCH_GROUP):
             g_n = min(n, s0 + PREFETCH_GROUP) - s0
             for g in range(g_n):  # phase 1: the first bucket's summary; prefetch the next group's
-                i = np.int64(srt[s0 + g] & U64(GROUP_BLOCK - 1))
-                g_idx[g] = i
-                g_key[g] = keys[i]
-                part = np.int64(parts[i])
+                g_idx[g] = np.int64(srt[s0 + g] & U64(GROUP_BLOCK - 1))
+                g_key[g] = skeys[s0 + g]
+                part = np.int64(entry_partition(srt[s0 + g], partition_bits))
                 b1, b2 = bucket_pair(g_key[g] >> sh0, bucket_bits)
                 g_part[g], g_b1[g], g_b2[g] = part, b1, b2
                 if s0 == 0:
                     prefetch3(summary, part, b1, 0)
                 if s0 + PREFETCH_GROUP + g < n:  # a whole group's time ahead
-                    i = np.int64(srt[s0 + PREFETCH_GROUP + g] & U64(GROUP_BLOCK - 1))
-                    b1, _ = bucket_pair(keys[i] >> sh0, bucket_bits)
-                    prefetch3(summary, np.int64(parts[i]), b1, 0)
+                    b1, _ = bucket_pair(skeys[s0 + PREFETCH_GROUP + g] >> sh0, bucket_bits)
+                    prefetch3(summary, entry_partition(srt[s0 + PREFETCH_GROUP + g], partition_bits), b1, 0)
             for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
                 part, b1 = g_part[g], g_b1[g]
                 sm = summary[part, b1]
@@ -741,13 +756,13 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
             for g in range(g_n):  # phase 4: runs of every length, counts, top followers
                 i = g_idx[g]
                 tp = t + i
-                if prev >= 0 and g_key[g] == keys[prev] and g_part[g] == np.int64(parts[prev]):  # the n-gram just searched
+                if prev >= 0 and g_key[g] == prev_key and g_part[g] == prev_part:  # the n-gram just searched
                     for k in range(K):
                         out_token[k, tp] = out_token[k, t + prev]
                         out_count[k, tp] = out_count[k, t + prev]
                         out_top[k, tp] = out_top[k, t + prev]
                     continue
-                prev = i
+                prev, prev_key, prev_part = i, g_key[g], g_part[g]
                 j = tp + 1
                 part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
                 valid = query_keys(g_key[g], j, lengths, sh, qk)
