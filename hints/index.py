@@ -87,7 +87,7 @@ def staging_nbytes(geom, workers, n, stage1_chunk):
     n_blocks = -(-n // STAGE_BLOCK) + w * P + 1
     n_chunks = -(-n // stage1_chunk) if w > 1 else 0
     shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
-    per_worker = P * (5 * 8 + kernels.BURST * 8 + 1)  # head, tail, tail_len, full_blocks, staged; bursts; fills
+    per_worker = P * (5 * 8 + kernels.BURST * 8 + 1) + 8  # head, tail, tail_len, full_blocks, staged; bursts; fills; skipped
     per_worker += (3 * kernels.HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
     return shared + w * per_worker
 
@@ -171,7 +171,8 @@ class HintIndex:
         self._scratch_lock = threading.Lock()
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
-        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2 writes)
+        self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2; stage 1's in [0])
+        self._full = None  # kernels.full_buckets of the fill: made by the first add(), kept by stage 2
         self._dropped[0] = dropped
         self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
         self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
@@ -220,6 +221,7 @@ class HintIndex:
                 staged=line_aligned((g.n_partitions,), np.int64),
                 burst=line_aligned((g.n_partitions, kernels.BURST), np.uint64),
                 burst_fill=line_aligned((g.n_partitions,), np.uint8),
+                skipped=line_aligned((1,), np.int64),  # slots not staged: both buckets full
                 r=line_aligned((max_len,), np.uint64),  # hash buffers (K <= max_len rolling states)
                 prefix=line_aligned((kernels.HASH_BLOCK + max_len + 1,), np.uint64),
                 keys=line_aligned((kernels.HASH_BLOCK,), np.uint64),
@@ -259,6 +261,8 @@ class HintIndex:
         max_len = int(self._lengths.max())
         st = self._staging(min(tokens.size, self.chunk_tokens))
         g, w = self.geom, self.workers
+        if self._full is None:
+            self._full = kernels.full_buckets(self.fill, g.slots)
         for c0 in range(0, tokens.size, self.chunk_tokens):
             chunk = tokens[c0:c0 + self.chunk_tokens]
             h = self.history.size
@@ -279,15 +283,18 @@ class HintIndex:
             t0 = time.perf_counter()
             run_split(lambda r, r0, r1: [kernels.stage1_worker(  # stage 1: workers claim chunks in turn
                 ext, h, h + chunk.size, self.stage1_chunk, n_chunks, st["claims"], owner, counts, k, self._lengths, self._pows,
-                g.partition_bits, self._bits, self._shifts, st["arena"], st["block_len"], st["block_next"], st["free"],
-                **st["workers"][k]) for k in range(r0, r1)], w, w)
+                g.partition_bits, g.bucket_bits, self._bits, self._shifts, self._full, st["arena"], st["block_len"],
+                st["block_next"], st["free"], **st["workers"][k]) for k in range(r0, r1)], w, w)
             t1 = time.perf_counter()
+            for ws in st["workers"]:
+                self._dropped[0] += ws["skipped"][0]
+                ws["skipped"][0] = 0
             heads = np.stack([ws["head"] for ws in st["workers"]])
             groups = balance(kernels.staged_sizes(heads, st["block_len"], st["block_next"]), w)
             counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
             run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
                 groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table, self.fill,
-                g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
+                self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
                 for k in range(w0, w1)], len(groups), len(groups))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1

@@ -65,3 +65,24 @@ def test_stream_of_several_default_chunks(geom):
     many = build(geom, stream, 3, chunk)
     assert one.dropped == many.dropped
     assert one.fill.tobytes() == many.fill.tobytes() and one.table.tobytes() == many.table.tobytes()
+
+
+def test_slots_of_full_buckets_are_not_staged(tmp_path):
+    """Stage 1 skips a slot whose two buckets were full when the add began (stage 2 would drop
+    it): the bytes and the drop count stay the reference's, also when the full buckets come
+    from a saved index, and the full-bucket bits stay those of the fill after every add."""
+    from hints.kernels import full_buckets
+    geom = Geometry(2, 4, 8, (3, 5, 8))
+    stream = phrase_stream(4, 30_000, 16, 200, 12)
+    fill, table, dropped = reference_slots(geom, stream)
+    cut = stream.size // 3
+    first = HintIndex(geom).add(stream[:cut])
+    assert (first.fill >= geom.slots).sum() > geom.n_partitions * geom.n_buckets // 2  # most buckets full at the cut
+    path = str(tmp_path / "third.idx")
+    first.save(path)
+    for idx in (first, HintIndex.load(path, mmap=False, workers=2)):
+        for part in np.array_split(stream[cut:], 3):
+            idx.add(part)
+            assert np.array_equal(idx._full, full_buckets(idx.fill, geom.slots))
+        assert idx.fill.tobytes() == fill.tobytes() and idx.table.tobytes() == table.tobytes()
+        assert idx.dropped == dropped
