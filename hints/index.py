@@ -232,6 +232,8 @@ class HintIndex:
         )
         for ws in st["workers"]:
             ws["burst_fill"][:] = 0
+        # stage 1 writes each full burst line to its block with one aligned 64-byte store
+        assert st["arena"].ctypes.data % 64 == 0 and STAGE_BLOCK % kernels.BURST == 0
         prefault_zero(st["arena"], w)
         self._stage = st
         return st

@@ -17,7 +17,9 @@ next unclaimed one each time (so chunks go round-robin while workers keep pace, 
 worker that finishes early takes the chunks a slow one has not reached), hash 256 positions
 at a time with every length in a vectorised pass (`hash_block`), and append each slot to its
 partition's chain of staging blocks through a per-partition burst line of 8 slots (64
-bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer) copied out whole. Stage 2
+bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer) written out whole with one
+non-temporal store (no read for ownership, no cache line taken: at 2^14 partitions stage 1
+went from 9.6-10.1 to 7.8 ns/token; the record step's add is unchanged). Stage 2
 (`stage2_place`): one worker per group of partitions takes each partition's slots in chunk
 order (= stream order) and places each in its first bucket while it has room, else its
 second, else drops it. So the bytes do not depend on the worker count or on which worker
@@ -69,6 +71,35 @@ def prefetch2(typingctx, arr, i, j):
 def prefetch3(typingctx, arr, i, j, k):
     """Hint the CPU to load arr[i, j, k]'s cache line (no fault, no wait)."""
     return types.void(arr, i, j, k), _prefetch_codegen
+
+
+@intrinsic
+def stream_line(typingctx, dst, di, dj, src, si):
+    """dst[di, dj:dj+8] = src[si, :8] (uint64) as one 64-byte non-temporal store: the line goes
+    to memory without being read first or kept in cache. dst[di, dj] must start a cache line."""
+    def codegen(context, builder, signature, args):
+        dty, sty = signature.args[0], signature.args[3]
+        dst_ary = context.make_array(dty)(context, builder, args[0])
+        src_ary = context.make_array(sty)(context, builder, args[3])
+        zero = ir.Constant(ir.IntType(64), 0)
+        dp = cgutils.get_item_pointer(context, builder, dty, dst_ary, [args[1], args[2]], wraparound=False)
+        sp = cgutils.get_item_pointer(context, builder, sty, src_ary, [args[4], zero], wraparound=False)
+        line = ir.VectorType(ir.IntType(64), BURST)
+        v = builder.load(builder.bitcast(sp, line.as_pointer()), align=8)
+        store = builder.store(v, builder.bitcast(dp, line.as_pointer()), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+    return types.void(dst, di, dj, src, si), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full memory fence: non-temporal stores before it are visible to every core after it
+    (on x86 an mfence; they are weakly ordered otherwise)."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
 
 
 @numba.njit(cache=True, inline="always")
@@ -298,8 +329,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
                         tail_len[part] = 0
                         blk = nb
                     o = tail_len[part]
-                    for q in range(BURST):
-                        arena[blk, o + q] = burst[part, q]
+                    stream_line(arena, blk, o, burst, part)
                     tail_len[part] = o + BURST
                 burst_fill[part] = f
             j = b1
@@ -333,6 +363,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
         if tail[part] >= 0:
             block_len[tail[part]] = tail_len[part]
     skipped[0] += n_skipped
+    store_fence()  # stage 2 may run on another core
 
 
 # ---- build, stage 2 -------------------------------------------------------------------------
