@@ -54,10 +54,11 @@ NODE_BANDWIDTH = 600e9
 # Bytes one token moves through DRAM in a build at the record's geometry, where a worker's
 # partition (2^14 buckets x 176 slots x 8 B = 22.5 MiB) is far larger than its share of cache:
 #   read: token from the shard (2) + copy into the stream buffer (2 + 2)                =   6
-#   stage 1: slot written to its staging block (8) + the line read for ownership (8)       =  16
+#   stage 1: slot written to its staging block (8: a whole burst line at a time, with a
+#            non-temporal store, so the block's line is not read first)                   =   8
 #   stage 2: slot read back (8) + its bucket's line read and written back (64 + 64)        = 136
 # (burst lines keep stage 1's scatter in L2; stage 2 writes one slot into a random line).
-BYTES_PER_TOKEN = 6 + 16 + 136
+BYTES_PER_TOKEN = 6 + 8 + 136
 
 
 def _peak_rss():
