@@ -149,17 +149,33 @@ def bench_reference(train, query, ref_tokens, ref_query, repeats, log):
     return build, look
 
 
+def alternate(figs, measure, repeats):
+    """Measure each of `figs` `repeats` times, alternating between them, after one untimed round:
+    measure(key) -> (wall, cpu, extra); returns each key's extras. Without that round, in eight
+    runs of this bench, the first of five repeats was the slowest in 21 of the 48 build figures
+    (one in five by chance), at up to 1.68x the median."""
+    extras = {k: [] for k in figs}
+    for rep in range(repeats + 1):
+        for k, fig in figs.items():
+            wall, cpu, extra = measure(k)
+            if rep:
+                fig.add(wall, cpu)
+                extras[k].append(extra)
+    return extras
+
+
 def bench_build(train, geom, workers, repeats, log, label=""):
     """Build figures for 1 and `workers` workers, alternated; returns (figures, stage seconds, last index)."""
     figs = {w: Figure(f"build{label}, {w} worker(s)", "tok/s", train.size, w) for w in sorted({1, workers})}
-    stages = {w: [] for w in figs}
     idx = None
-    for _ in range(repeats):
-        for w in figs:
-            idx = None
-            idx = HintIndex(geom, workers=w).reserve(train.size)  # table + staging, timed apart
-            figs[w].add(*timed(lambda: idx.add(train))[:2])
-            stages[w].append(dict(idx.build_seconds))
+
+    def build(w):
+        nonlocal idx
+        idx = None
+        idx = HintIndex(geom, workers=w).reserve(train.size)  # table + staging, timed apart
+        return (*timed(lambda: idx.add(train))[:2], dict(idx.build_seconds))
+
+    stages = alternate(figs, build, repeats)
     for w, f in figs.items():
         s1 = np.median([s["stage1"] for s in stages[w]])
         s2 = np.median([s["stage2"] for s in stages[w]])
@@ -174,11 +190,9 @@ def bench_shards(pattern, n_tokens, geom, workers, repeats, log):
 
     def build(w):
         idx = HintIndex(geom, workers=w).reserve(n_tokens)
-        return timed(lambda: [idx.add(c) for c in iter_chunks(pattern, n_tokens)])[:2]
+        return timed(lambda: [idx.add(c) for c in iter_chunks(pattern, n_tokens)])[:2] + (None,)
 
-    for _ in range(repeats):
-        for w in figs:
-            figs[w].add(*build(w))
+    alternate(figs, build, repeats)
     for w, f in figs.items():
         log(f"  build from .bin shards (read + stage 1 + stage 2), {w} worker(s): {f.text()} "
             f"({f.median / w / 1e6:.1f}M per worker)")
@@ -187,10 +201,12 @@ def bench_shards(pattern, n_tokens, geom, workers, repeats, log):
 
 def bench_lookup(idx, query, workers, repeats, label, log):
     figs = {w: Figure(f"lookup {label}, {w} worker(s)", "pos/s", query.size, w) for w in sorted({1, workers})}
-    for _ in range(repeats):
-        for w in figs:
-            idx.workers = w
-            figs[w].add(*timed(lambda: idx.lookup(query))[:2])
+
+    def look(w):
+        idx.workers = w
+        return timed(lambda: idx.lookup(query))[:2] + (None,)
+
+    alternate(figs, look, repeats)
     for w, f in figs.items():
         log(f"  lookup {label}, {w} worker(s): {f.text(digits=2)} ({f.median / w / 1e6:.2f}M per core)")
     return figs
