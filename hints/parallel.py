@@ -28,12 +28,15 @@ def split(n, parts):
 
 def run_split(fn, n, workers):
     """[fn(r, a, b) for the r-th of `workers` contiguous ranges (a, b) of [0, n)], run
-    concurrently (r lets a range use its own scratch)."""
+    concurrently (r lets a range use its own scratch). The calling thread runs the first range
+    itself, so only the others wait for a pool thread to wake up."""
     ranges = split(n, max(1, min(workers, n)) if n else 1)
-    if len(ranges) == 1:
-        return [fn(0, *ranges[0])]
-    futures = [_pool(len(ranges)).submit(fn, r, a, b) for r, (a, b) in enumerate(ranges)]
-    return [f.result() for f in futures]
+    futures = [_pool(len(ranges) - 1).submit(fn, r, a, b) for r, (a, b) in enumerate(ranges) if r]
+    try:
+        first = fn(0, *ranges[0])
+    finally:
+        rest = [f.result() for f in futures]  # wait for them even if the first range failed
+    return [first] + rest
 
 
 def run_ranges(fn, n, workers):
