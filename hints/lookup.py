@@ -269,12 +269,20 @@ def gather_run(row, f, sh, qk, run, m):
 
 @numba.njit(cache=True, inline="always")
 def top_of_run(run, m, counts):
-    """(most frequent follower, its count) among the slots run[:m] (ties to the smallest id),
+    """(most frequent follower, its count) among the slots run[:m] (ties to the smallest id).
+    First a precheck, one vectorised compare: if the first slot's follower is more than half
+    of the run it is the answer (most runs are pure or nearly so). Else the followers are
     counted in token-indexed counters that are left zeroed again: one pass counts, a second
     takes the largest (count, -token) without a branch and clears each counter after its
-    first read (a token's later copies then read 0)."""
-    if m == 1:
-        return np.int64(run[0] & TOKEN_MASK), 1
+    first read (a token's later copies then read 0). The counting passes wait on a store to
+    the same counter whenever a token repeats, so a run the precheck settles costs a fraction."""
+    first = run[0] & TOKEN_MASK
+    part = run[:m]  # indexed from 0: no gathers (gather_run says why)
+    same = 0
+    for i in range(part.shape[0]):
+        same += np.int64((part[i] & TOKEN_MASK) == first)
+    if 2 * same > m:
+        return np.int64(first), same
     for i in range(m):
         counts[np.int64(run[i] & TOKEN_MASK)] += 1
     best = 0
