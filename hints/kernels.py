@@ -17,9 +17,10 @@ next unclaimed one each time (so chunks go round-robin while workers keep pace, 
 worker that finishes early takes the chunks a slow one has not reached), hash 256 positions
 at a time with every length in a vectorised pass (`hash_block`), and append each slot to its
 partition's chain of staging blocks through a per-partition burst line of 8 slots (64
-bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer) written out whole with one
-non-temporal store (no read for ownership, no cache line taken: at 2^14 partitions stage 1
-went from 9.6-10.1 to 7.8 ns/token; the record step's add is unchanged). Stage 2
+bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer), or up to 32 with few partitions
+(`hints.index.burst_slots`), written out whole with non-temporal stores (no read for
+ownership, no cache line taken: at 2^14 partitions stage 1 went from 9.6-10.1 to 7.8
+ns/token; the record step's add is unchanged). Stage 2
 (`stage2_place`): one worker per group of partitions takes each partition's slots in chunk
 order (= stream order) and places each in its first bucket while it has room, else its
 second, else drops it. So the bytes do not depend on the worker count or on which worker
@@ -74,22 +75,21 @@ def prefetch3(typingctx, arr, i, j, k):
 
 
 @intrinsic
-def stream_line(typingctx, dst, di, dj, src, si):
-    """dst[di, dj:dj+8] = src[si, :8] (uint64) as one 64-byte non-temporal store: the line goes
-    to memory without being read first or kept in cache. dst[di, dj] must start a cache line."""
+def stream_line(typingctx, dst, di, dj, src, si, sj):
+    """dst[di, dj:dj+8] = src[si, sj:sj+8] (uint64) as one 64-byte non-temporal store: the line
+    goes to memory without being read first or kept in cache. dst[di, dj] must start a cache line."""
     def codegen(context, builder, signature, args):
         dty, sty = signature.args[0], signature.args[3]
         dst_ary = context.make_array(dty)(context, builder, args[0])
         src_ary = context.make_array(sty)(context, builder, args[3])
-        zero = ir.Constant(ir.IntType(64), 0)
         dp = cgutils.get_item_pointer(context, builder, dty, dst_ary, [args[1], args[2]], wraparound=False)
-        sp = cgutils.get_item_pointer(context, builder, sty, src_ary, [args[4], zero], wraparound=False)
+        sp = cgutils.get_item_pointer(context, builder, sty, src_ary, [args[4], args[5]], wraparound=False)
         line = ir.VectorType(ir.IntType(64), BURST)
         v = builder.load(builder.bitcast(sp, line.as_pointer()), align=8)
         store = builder.store(v, builder.bitcast(dp, line.as_pointer()), align=64)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
         return context.get_dummy_value()
-    return types.void(dst, di, dj, src, si), codegen
+    return types.void(dst, di, dj, src, si, sj), codegen
 
 
 @intrinsic
@@ -262,7 +262,8 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
     worker), hash them, and append each slot to this worker's chain for its partition.
 
     A partition's slots go through a burst line of 8 (64 bytes; the record's 2^14 lines are
-    1 MiB, L2-resident) copied out whole to the chain's tail block; blocks come from the
+    1 MiB, L2-resident), or of 16 or 32 with few partitions (burst.shape[1], whole lines),
+    copied out whole to the chain's tail block; blocks come from the
     shared counter free[0]. With several workers, at the end of chunk c, counts[c, p] is the
     number of slots chunk c gave partition p and owner[c] = w: stage 2 takes them in chunk
     order. Every array but the shared ones (s, arena, block_next, block_len, free, claims,
@@ -281,7 +282,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
     sh0 = U64(shifts[0])
     any_full = full.any()  # else the bits are not read (a build from empty: ~1 ns a token saved)
     n_skipped = 0
-    n_part = burst.shape[0]
+    n_part, burst_len = burst.shape
     n_block = arena.shape[1]
     Lmax = lengths[lengths.shape[0] - 1]
     while True:
@@ -313,7 +314,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
                 burst[part, f] = keys[i] | U64(s[j + i])
                 f += 1 - drop
                 n_skipped += drop
-                if f == BURST:
+                if f == burst_len:
                     f = 0
                     blk = tail[part]
                     if blk < 0 or tail_len[part] == n_block:
@@ -329,8 +330,9 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
                         tail_len[part] = 0
                         blk = nb
                     o = tail_len[part]
-                    stream_line(arena, blk, o, burst, part)
-                    tail_len[part] = o + BURST
+                    for x in range(0, burst_len, BURST):
+                        stream_line(arena, blk, o + x, burst, part, x)
+                    tail_len[part] = o + burst_len
                 burst_fill[part] = f
             j = b1
         if counts.shape[0]:  # slots staged so far per partition: a difference gives this chunk's
@@ -338,7 +340,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
                 total = full_blocks[p] * n_block + tail_len[p] + burst_fill[p]
                 counts[c, p] = total - staged[p]
                 staged[p] = total
-    # flush partial burst lines (a block's length is a multiple of BURST, so they always fit)
+    # flush partial burst lines (a block's length is a multiple of burst_len, so they always fit)
     for part in range(n_part):
         f = np.int64(burst_fill[part])
         if f:
