@@ -4,9 +4,9 @@ The table is allocated once (in memory, or as a file: a path under /dev/shm give
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
 `chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
 in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
-own); stage 2 places the partitions, split among the workers by staged size. Because every
+own); in stage 2 the workers claim partitions in turn, largest first, and place them. Because every
 partition is filled in stream order (chunk by chunk), the bytes do not depend on the chunking
-of `add` calls, on the worker count or on which worker took which chunk.
+of `add` calls, on the worker count or on which worker took which chunk or partition.
 
 A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
 side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
@@ -131,14 +131,13 @@ def lookup_outputs(K, n):
     return out
 
 
-def balance(sizes, workers):
-    """Partitions split into `workers` groups of similar staged size: largest first, each to the
-    least-loaded group (the record: "the fullest partitions are processed first"). Any split
-    gives the same bytes; this one keeps the workers of stage 2 equally busy. (A Numba loop: in
-    Python it took 8 ms an add at 2^14 partitions.)"""
-    group = kernels.assign_largest_first(np.argsort(-sizes, kind="stable"), sizes, workers)
-    groups = [np.flatnonzero(group == k) for k in range(workers)]
-    return [gr for gr in groups if gr.size]
+def stage2_order(heads, block_len, block_next):
+    """The partitions with staged slots, largest first: the order stage-2 workers claim them in
+    (the record: "the fullest partitions are processed first"), so the last ones claimed are
+    small. Any order gives the same bytes."""
+    sizes = kernels.staged_sizes(heads, block_len, block_next)
+    order = np.argsort(-sizes, kind="stable")
+    return order[:np.count_nonzero(sizes)]
 
 
 def prefault_zero(a, workers):
@@ -307,12 +306,13 @@ class HintIndex:
                 self._dropped[0] += ws["skipped"][0]
                 ws["skipped"][0] = 0
             heads = np.stack([ws["head"] for ws in st["workers"]])
-            groups = balance(kernels.staged_sizes(heads, st["block_len"], st["block_next"]), w)
+            order = stage2_order(heads, st["block_len"], st["block_next"])
             counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
-            run_ranges(lambda w0, w1: [kernels.stage2_place(  # stage 2: partitions split among workers
-                groups[k], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table, self.fill,
-                self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
-                for k in range(w0, w1)], len(groups), len(groups))
+            st["claims"][0] = 0
+            run_split(lambda r, w0, w1: [kernels.stage2_place(  # stage 2: workers claim partitions in turn
+                order, st["claims"], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table,
+                self.fill, self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
+                for k in range(w0, w1)], min(w, order.size), min(w, order.size))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
             self.history = ext[-min(ext.size, max_len):].copy()

@@ -398,19 +398,6 @@ def staged_sizes(heads, block_len, block_next):
     return sizes
 
 
-@numba.njit(cache=True)
-def assign_largest_first(order, sizes, workers):
-    """The group (0..workers-1) of each partition: partitions in `order` (largest first), each to
-    the group with the least staged so far. Returns the group of every partition."""
-    loads = np.zeros(workers, dtype=np.int64)
-    group = np.empty(sizes.shape[0], dtype=np.int64)
-    for p in order:
-        k = np.argmin(loads)
-        group[p] = k
-        loads[k] += sizes[p]
-    return group
-
-
 @numba.njit(cache=True, inline="always")
 def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0):
     """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
@@ -436,18 +423,25 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0):
 
 
 @numba.njit(cache=True, nogil=True)
-def stage2_place(parts, arena, block_len, block_next, heads, owner, counts_t, table, fill, full, bucket_bits, shift0,
-                 dropped, cursor):
-    """Place the staged slots of the partitions in `parts`, in stream order: chunk by chunk
-    (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed chunk c; stage
-    1's counts transposed, so a partition's are contiguous), or, with one worker (no chunks
-    recorded), along its chain. cursor (2, workers) is this worker's own, allocated by the
+def stage2_place(order, claims, arena, block_len, block_next, heads, owner, counts_t, table, fill, full, bucket_bits,
+                 shift0, dropped, cursor):
+    """One stage-2 worker: claim partitions from `order` (the next unclaimed one each time, from
+    the shared counter claims[0]; a worker that finishes early takes the rest, and a late one
+    holds up only the partition it is on) and place each one's staged slots in stream order:
+    chunk by chunk (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed
+    chunk c; stage 1's counts transposed, so a partition's are contiguous), or, with one stage-1
+    worker (no chunks recorded), along its chain. Partitions share nothing, so the bytes do not
+    depend on who placed which. cursor (2, workers) is this worker's own, allocated by the
     caller as stage 1's buffers are."""
     n_workers = heads.shape[0]
     slots = table.shape[2]
     sh0 = U64(shift0)
     blk, off = cursor[0], cursor[1]  # each worker chain's block and offset
-    for p in parts:
+    while True:
+        c = atomic_add(claims, 0, 1)
+        if c >= order.shape[0]:
+            break
+        p = order[c]
         drops = 0
         tp = table[p]
         fp = fill[p]

@@ -1,9 +1,11 @@
 """Workers: contiguous ranges of work run on threads that call GIL-free (nogil) Numba kernels,
 and the per-worker memory they write (arrays on cache lines of their own).
 
-One mechanism serves every parallel step of the index (pre-faulting, stage 2 over partition
-groups, sealing and checksums over partition or word ranges, lookup over position ranges).
-Ranges are contiguous and handed out in order, so results never depend on thread timing.
+One mechanism serves every parallel step of the index (pre-faulting, sealing and checksums over
+partition or word ranges, lookup over position ranges; the two build stages run one worker
+per range, and those workers claim their chunks and partitions from shared counters). Ranges
+are contiguous and handed out in order, and the claimed work writes places of its own, so
+results never depend on thread timing.
 """
 import concurrent.futures
 import threading
