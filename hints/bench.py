@@ -13,7 +13,9 @@ Figures: the plain-Python builder and lookup (the denominators); the build from 
 shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
 a sealed one; with --record-step, the training-time hint work of one rank per step at the
 record's shape, with the floor under its stage 2 (random writes); the copy bandwidth of 1 core
-and of 2 cores at once (the most a memory-bound step can gain from a second worker here); and
+and of 2 cores at once (the most a memory-bound step can gain from a second worker here); the
+host's memory latency (a pointer chase: what lookups wait on, and what moved most between
+runs on the same kind of machine); and
 from the from-shards rate a projection of the record's 37B-token build. Peak build memory is
 measured once in a fresh child process.
 """
@@ -29,7 +31,7 @@ import numba
 import numpy as np
 
 from .geometry import Geometry
-from .index import HintIndex
+from .index import HintIndex, alloc
 from .parallel import run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
@@ -38,6 +40,8 @@ U64 = np.uint64
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = 5
 MIB = 1 << 20
+LATENCY_BYTES = 512 * MIB  # pointer chase for memory latency: far larger than any cache here
+LATENCY_READS = 1 << 20
 MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
 MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
 # The record's training-time hint work per step and rank (docs/design.md, "Performance"): look up
@@ -284,6 +288,33 @@ def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
     return figs
 
 
+@numba.njit(cache=True, nogil=True)
+def chase(nxt, n):
+    """Follow n links of nxt from 0: each read's address is the last read's value."""
+    i = 0
+    for _ in range(n):
+        i = nxt[i]
+    return i
+
+
+def memory_latency(log, nbytes=LATENCY_BYTES, reads=LATENCY_READS, repeats=REPEATS):
+    """Nanoseconds per dependent random read from memory, 1 core: a pointer chase through one
+    random cycle over the cache lines of nbytes (on huge pages, like the index's table). Not a
+    figure of the index: the host's memory latency at the time of the run, which lookups and
+    stage 2 wait on (seen here from ~100 ns to over 300 ns on the same kind of machine)."""
+    n = nbytes // 8
+    nxt = alloc((n,), np.int64)
+    lines = np.random.default_rng(0).permutation(n // 8) * 8  # one word a cache line, in a random cycle
+    nxt[lines] = np.roll(lines, -1)
+    chase(nxt, 1000)
+    fig = Figure(f"dependent random reads in {nbytes / 2**30:.2f} GiB, 1 core", "reads/s", reads)
+    for _ in range(repeats):
+        fig.add(*timed(lambda: chase(nxt, reads))[:2])
+    log(f"  memory latency (dependent random reads, 1 core): {1e9 / fig.median:.0f} ns per read "
+        f"[{1e9 / fig.rates.max():.0f}-{1e9 / fig.rates.min():.0f}]")
+    return fig
+
+
 def random_writes(log, table, n, repeats=REPEATS):
     """Independent 8-byte writes to random places of `table` (a used index's, whose contents they
     spoil), 1 core: the floor under stage 2, which writes each slot into a random line. Each
@@ -384,6 +415,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for w, fig in memcpy_bandwidth(log, workers, repeats=repeats).items():
         figs[f"memcpy_{w}w"] = fig
         res["figures"][f"memcpy_{w}w"] = fig.summary()
+    res["figures"]["latency"] = memory_latency(log, repeats=repeats).summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
     for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy"):
@@ -408,6 +440,10 @@ def format_table(res):
         used = f"{f['cores_used']:.2f}"
         if key.startswith("memcpy"):
             rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used))
+            continue
+        if key == "latency":
+            rows.append(("memory latency: " + f["name"], f"{1e9 / f['median']:.0f} ns",
+                         f"{1e9 / f['max']:.0f}-{1e9 / f['min']:.0f} ns", used))
             continue
         digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
         per = f" ({f['median'] / f['workers'] / 1e6:.{digits}f}M per worker)" if f["workers"] > 1 and key != "seal" else ""
