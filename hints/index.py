@@ -4,7 +4,7 @@ The table is allocated once (in memory, or as a file: a path under /dev/shm give
 memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
 `chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
 in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
-own); in stage 2 the workers claim partitions in turn, largest first, and place them. Because every
+own); in stage 2 they claim partitions in turn, largest first, and place them. Because every
 partition is filled in stream order (chunk by chunk), the bytes do not depend on the chunking
 of `add` calls, on the worker count or on which worker took which chunk or partition.
 

@@ -20,11 +20,10 @@ partition's chain of staging blocks through a per-partition burst line of 8 slot
 bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer), or up to 32 with few partitions
 (`hints.index.burst_slots`), written out whole with non-temporal stores (no read for
 ownership, no cache line taken: at 2^14 partitions stage 1 went from 9.6-10.1 to 7.8
-ns/token; the record step's add is unchanged). Stage 2
-(`stage2_place`): one worker per group of partitions takes each partition's slots in chunk
-order (= stream order) and places each in its first bucket while it has room, else its
-second, else drops it. So the bytes do not depend on the worker count or on which worker
-took which chunk. A slot whose two buckets are both full already is not staged at all
+ns/token; the record step's add is unchanged). Stage 2 (`stage2_place`): workers claim
+partitions in turn, largest first, take each one's slots in chunk order (= stream order) and
+place each in its first bucket while it has room, else its second, else drop it. So the bytes
+do not depend on the worker count or on which worker took which chunk or partition. A slot whose two buckets are both full already is not staged at all
 (stage 1 reads one bit per bucket, `full_buckets`, which stage 2 keeps current).
 """
 import numba
