@@ -1,0 +1,60 @@
+"""scripts/hints_ab.py, the in-process A/B of the index's kernels: copies of hints/ at a git
+revision, paired ratios, and a lookup A/B run end to end (the variants here are the checkout's
+own package twice, so nothing is compiled again)."""
+import argparse
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hints
+from streams import phrase_stream
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("hints_ab", REPO / "scripts" / "hints_ab.py")
+hints_ab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hints_ab)
+
+
+def in_git_checkout():
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
+def test_copies_of_a_revision_hold_its_hints_package(tmp_path):
+    folder, names = hints_ab.materialize("HEAD", 2, root=tmp_path)
+    assert len(set(names)) == 2
+    files = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", "HEAD", "hints/"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert "hints/index.py" in files
+    for name in names:
+        for f in files:
+            want = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:{f}"], capture_output=True, check=True).stdout
+            assert (folder / name / Path(f).name).read_bytes() == want, (name, f)
+    copy = hints_ab.import_copy(folder, names[1])  # its own package, not the checkout's
+    assert copy.__name__ == names[1] and Path(copy.index.__file__).parent == folder / names[1]
+    assert copy.HintIndex is not hints.HintIndex
+    stamp = (folder / names[0] / "index.py").stat().st_mtime_ns
+    assert hints_ab.materialize("HEAD", 2, root=tmp_path) == (folder, names)  # kept, not made again
+    assert (folder / names[0] / "index.py").stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit, match="no-such-revision"):
+        hints_ab.materialize("no-such-revision", 2, root=tmp_path)
+
+
+def test_paired_ratios():
+    p = hints_ab.paired([2.0, 4.0, 9.0], [1.0, 2.0, 3.0])
+    assert p["n"] == 3 and p["median"] == 2.0 and p["q1"] == 2.0 and p["q3"] == 2.5
+    assert p["geomean"] == pytest.approx((2 * 2 * 3) ** (1 / 3))
+    assert hints_ab.paired([1.0, 1.0], [1.0, 1.0])["two_se"] == 0.0
+
+
+def test_lookup_ab_runs_and_reports_every_variant(capsys):
+    train = phrase_stream(7, 60_000, 40, 20, 500).astype(np.uint16)
+    query = phrase_stream(8, 2 * hints_ab.LOOKUP_BLOCK, 40, 20, 500).astype(np.uint16)
+    args = argparse.Namespace(rounds=1)
+    hints_ab.lookup([hints, hints], ["a", "b"], train, query, args)
+    out = capsys.readouterr().out
+    assert "sealed" in out and "scan" in out and "identical hints" in out
+    assert out.count("vs a: median") == 2  # one ratio line per kind of index
