@@ -105,6 +105,20 @@ def same_hints(a, b, where):
             raise AssertionError(f"{where}: the variants' lookups differ in {field}")
 
 
+def timed_lookups(idxs, q, start, where):
+    """Seconds of each variant's lookup of q, taken in an order rotated by `start`; their hints
+    must be equal."""
+    order = [(start + k) % len(idxs) for k in range(len(idxs))]
+    row, out = np.zeros(len(idxs)), {}
+    for k in order:
+        t = time.perf_counter()
+        out[k] = idxs[k].lookup(q)
+        row[k] = time.perf_counter() - t
+    for k in order[1:]:
+        same_hints(out[k], out[order[0]], where)
+    return row
+
+
 def same_index(idxs, names, where):
     for ix, name in zip(idxs[1:], names[1:]):
         if not (np.array_equal(np.asarray(ix.fill), np.asarray(idxs[0].fill)) and ix.dropped == idxs[0].dropped
@@ -129,14 +143,7 @@ def record_step(mods, names, train, args):
         for s in range(steps + 1):  # the first step warms up
             for rank in range(args.ranks):
                 q = train[pos + rank * RECORD_LOOKUP:pos + (rank + 1) * RECORD_LOOKUP]
-                order = [(s + rank + k) % len(mods) for k in range(len(mods))]
-                row, out = np.zeros(len(mods)), {}
-                for k in order:
-                    t = time.perf_counter()
-                    out[k] = idxs[k].lookup(q)
-                    row[k] = time.perf_counter() - t
-                for k in order[1:]:
-                    same_hints(out[k], out[order[0]], f"round {rnd}, step {s}, rank {rank}")
+                row = timed_lookups(idxs, q, s + rank, f"round {rnd}, step {s}, rank {rank}")
                 if s:
                     look.append(row)
             row = np.zeros(len(mods))
@@ -193,14 +200,7 @@ def lookup(mods, names, train, query, args):
         times = []
         for r in range(args.rounds + 1):
             for b, q in enumerate(blocks):
-                order = [(r + b + k) % len(mods) for k in range(len(mods))]
-                row, out = np.zeros(len(mods)), {}
-                for k in order:
-                    t = time.perf_counter()
-                    out[k] = idxs[k].lookup(q)
-                    row[k] = time.perf_counter() - t
-                for k in order[1:]:
-                    same_hints(out[k], out[order[0]], f"block {b}")
+                row = timed_lookups(idxs, q, r + b, f"block {b}")
                 if r:
                     times.append(row)
         print(f"lookup, {'sealed' if sealed else 'scan (growing index)'}, {len(blocks)} blocks of {LOOKUP_BLOCK:,}, "
