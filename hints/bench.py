@@ -301,7 +301,8 @@ def memory_latency(log, nbytes=LATENCY_BYTES, reads=LATENCY_READS, repeats=REPEA
     """Nanoseconds per dependent random read from memory, 1 core: a pointer chase through one
     random cycle over the cache lines of nbytes (on huge pages, like the index's table). Not a
     figure of the index: the host's memory latency at the time of the run, which lookups and
-    stage 2 wait on (seen here from ~100 ns to over 300 ns on the same kind of machine)."""
+    stage 2 wait on (258-330 ns here on an evening when every lookup ran 1.6-3.2x slower than in
+    an earlier run of this bench)."""
     n = nbytes // 8
     nxt = alloc((n,), np.int64)
     lines = np.random.default_rng(0).permutation(n // 8) * 8  # one word a cache line, in a random cycle

@@ -42,9 +42,9 @@ def cache_dir():
 
 
 def materialize(rev, copies=2, root=None):
-    """Import names of `copies` copies of the `hints` package at git revision `rev`, each under a
-    name of its own in a folder that goes on sys.path (reused, with its compiled kernels, when
-    it is there already). Returns (folder, names)."""
+    """`copies` copies of the `hints` package at git revision `rev`, each under a name of its own
+    in one folder (reused, with its compiled kernels, when they are there already; import_copy
+    imports them). Returns (folder, names)."""
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
                          text=True)
     if sha.returncode:
@@ -52,13 +52,13 @@ def materialize(rev, copies=2, root=None):
     sha = sha.stdout.strip()
     folder = Path(root or cache_dir()) / sha
     names = [f"hints_{sha[:10]}_{k}" for k in range(copies)]
-    for name in names:
-        if (folder / name / "__init__.py").is_file():
-            continue
+    missing = [name for name in names if not (folder / name / "__init__.py").is_file()]
+    if missing:
         folder.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", sha, "hints"],
+                                 capture_output=True, check=True).stdout
+    for name in missing:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", sha, "hints"],
-                                     capture_output=True, check=True).stdout
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 tar.extractall(tmp, filter="data")
             shutil.move(os.path.join(tmp, "hints"), folder / name)  # whole or not at all
@@ -105,10 +105,16 @@ def same_hints(a, b, where):
             raise AssertionError(f"{where}: the variants' lookups differ in {field}")
 
 
+def rotated(n, start):
+    """The variants 0..n-1 in the order a repeat takes them: rotated by `start`, so that each
+    goes first, second and last equally often."""
+    return [(start + k) % n for k in range(n)]
+
+
 def timed_lookups(idxs, q, start, where):
     """Seconds of each variant's lookup of q, taken in an order rotated by `start`; their hints
     must be equal."""
-    order = [(start + k) % len(idxs) for k in range(len(idxs))]
+    order = rotated(len(idxs), start)
     row, out = np.zeros(len(idxs)), {}
     for k in order:
         t = time.perf_counter()
@@ -130,8 +136,8 @@ def record_step(mods, names, train, args):
     from hints.bench import RECORD_ADD, RECORD_INDEX_TOKENS, RECORD_LOOKUP, RECORD_PREFILL
     steps = min(args.steps, (train.size - RECORD_PREFILL) // RECORD_ADD - 1)
     if steps < 1 or args.ranks * RECORD_LOOKUP > RECORD_ADD:
-        raise SystemExit(f"hints_ab: the record step needs {RECORD_PREFILL + 2 * RECORD_ADD:,} tokens and --ranks <= 8; "
-                         f"the stream has {train.size:,}")
+        raise SystemExit(f"hints_ab: the record step needs {RECORD_PREFILL + 2 * RECORD_ADD:,} tokens and --ranks <= "
+                         f"{RECORD_ADD // RECORD_LOOKUP}; the stream has {train.size:,}, --ranks is {args.ranks}")
     look, add = [], []
     for rnd in range(args.rounds):
         idxs = []
@@ -147,7 +153,7 @@ def record_step(mods, names, train, args):
                 if s:
                     look.append(row)
             row = np.zeros(len(mods))
-            for k in [(s + k) % len(mods) for k in range(len(mods))]:
+            for k in rotated(len(mods), s):
                 t = time.perf_counter()
                 idxs[k].add(train[pos:pos + RECORD_ADD])
                 row[k] = time.perf_counter() - t
@@ -167,7 +173,7 @@ def build(mods, names, train, args):
         total, stages = [], []
         for r in range(args.rounds + 1):  # the first round warms up
             row, st, idxs = np.zeros(len(mods)), np.zeros((len(mods), 2)), [None] * len(mods)
-            for k in [(r + k) % len(mods) for k in range(len(mods))]:
+            for k in rotated(len(mods), r):
                 m = mods[k]
                 ix = m.HintIndex(m.Geometry(partition_bits=pb, bucket_bits=18 - pb), workers=args.workers)
                 ix.reserve(train.size)

@@ -6,7 +6,6 @@ import importlib.util
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import hints
@@ -22,23 +21,29 @@ def in_git_checkout():
     return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode == 0
 
 
+def git(*args):
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=True).stdout
+
+
 @pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
 def test_copies_of_a_revision_hold_its_hints_package(tmp_path):
-    folder, names = hints_ab.materialize("HEAD", 2, root=tmp_path)
+    # the revision before hints/index.py last changed: a copy of any other revision would differ
+    rev = git("log", "-1", "--format=%H", "--", "hints/index.py").decode().strip() + "~1"
+    assert git("show", f"{rev}:hints/index.py") != (REPO / "hints" / "index.py").read_bytes()
+    folder, names = hints_ab.materialize(rev, 2, root=tmp_path)
     assert len(set(names)) == 2
-    files = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", "HEAD", "hints/"], capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = git("ls-tree", "--name-only", rev, "hints/").decode().split()
     assert "hints/index.py" in files
     for name in names:
         for f in files:
-            want = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:{f}"], capture_output=True, check=True).stdout
-            assert (folder / name / Path(f).name).read_bytes() == want, (name, f)
+            assert (folder / name / Path(f).name).read_bytes() == git("show", f"{rev}:{f}"), (name, f)
     copy = hints_ab.import_copy(folder, names[1])  # its own package, not the checkout's
     assert copy.__name__ == names[1] and Path(copy.index.__file__).parent == folder / names[1]
     assert copy.HintIndex is not hints.HintIndex
     stamp = (folder / names[0] / "index.py").stat().st_mtime_ns
-    assert hints_ab.materialize("HEAD", 2, root=tmp_path) == (folder, names)  # kept, not made again
+    assert hints_ab.materialize(rev, 2, root=tmp_path) == (folder, names)  # kept, not made again
     assert (folder / names[0] / "index.py").stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in (folder / names[0]).iterdir()) == sorted(Path(f).name for f in files)
     with pytest.raises(SystemExit, match="no-such-revision"):
         hints_ab.materialize("no-such-revision", 2, root=tmp_path)
 
@@ -51,8 +56,8 @@ def test_paired_ratios():
 
 
 def test_lookup_ab_runs_and_reports_every_variant(capsys):
-    train = phrase_stream(7, 60_000, 40, 20, 500).astype(np.uint16)
-    query = phrase_stream(8, 2 * hints_ab.LOOKUP_BLOCK, 40, 20, 500).astype(np.uint16)
+    train = phrase_stream(7, 60_000, 40, 20, 500)
+    query = phrase_stream(8, 2 * hints_ab.LOOKUP_BLOCK, 40, 20, 500)
     args = argparse.Namespace(rounds=1)
     hints_ab.lookup([hints, hints], ["a", "b"], train, query, args)
     out = capsys.readouterr().out
