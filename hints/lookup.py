@@ -65,8 +65,6 @@ GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahea
 # when either is full.
 FROZEN_ENTRIES = 4096
 FROZEN_RUN_SLOTS = 1 << 19
-FROZEN_TAG = U64(1 << CHECKSUM_TOTAL_BITS)  # frozen key = partition << 49 | FROZEN_TAG | shortest key: never 0
-FROZEN_PART_SHIFT = U64(CHECKSUM_TOTAL_BITS + 1)
 
 # Sealed index: n-grams with at least this many slots get a side-table entry. At 16 a
 # counted run is at most two cache lines of slots; the side table holds at most
@@ -301,7 +299,9 @@ def frozen_run(part, c0, sh, row1, row2, slots, run, spare, hist, counts, fkeys,
     answer frozen_top keeps in ftops. A run not kept yet is gathered (through `run`) and kept;
     when the table would be more than half full or the runs would not fit, everything kept is
     dropped first. `spare` and `hist` are sort buffers."""
-    fk = (part << FROZEN_PART_SHIFT) | FROZEN_TAG | c0
+    # key: partition and shortest checksum, whose bits fit in 64 (Geometry checks it), plus 1 so
+    # that 0 marks an empty entry (the one pair that wraps to 0 is never found: gathered anew)
+    fk = ((part << (U64(64) - sh[0])) | c0) + U64(1)
     mask = fkeys.shape[0] - 1
     h = np.int64(fmix64(fk) & U64(mask))
     while fkeys[h] != 0:

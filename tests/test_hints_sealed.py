@@ -195,3 +195,22 @@ def test_frozen_runs_follow_adds(monkeypatch, entries, run_slots, full):
     entries_kept, _, dropped_all = idx._scratch_free[0]["frozen_used"]
     assert frozen_positions > 1000 and entries_kept > 0  # the kept runs were used
     assert (dropped_all > 10) == full  # ... and dropped when full
+
+
+def test_frozen_runs_of_partitions_past_2_15():
+    """A kept frozen run is found by its partition and shortest checksum together, at any
+    partition count the geometry allows. The 2-grams (1903, 32708) and (32515, 35228) were found
+    by a search over random 2-grams: at 2^16 partitions their shortest checksums are equal and
+    their partitions differ only in the top bit (asserted), so a key that kept 15 bits of the
+    partition gave one n-gram the other's kept run."""
+    geom = Geometry(16, 1, 8, (2, 3, 5))
+    a, b = (1903, 32708), (32515, 35228)
+    (pa, a1, a2, ka), (pb, b1, b2, kb) = (slot_of(geom, [*g, 0], 2) for g in (a, b))
+    shift = geom.key_shifts[0]
+    assert pa ^ pb == 1 << 15 and ka >> shift == kb >> shift and (a1, a2) == (b1, b2)
+    stream = np.array([*a, 1] * 20 + [*b, 2] * 20, dtype=np.uint16)  # each fills both its buckets
+    idx = HintIndex(geom).add(stream)
+    assert idx.fill[pa, a1] == idx.fill[pa, a2] == idx.fill[pb, b1] == idx.fill[pb, b2] == geom.slots
+    got = idx.lookup(stream)
+    assert_same_hints(got, HintIndex(geom).add(stream).seal().lookup(stream), "scan vs sealed")
+    assert got.token[0, 1] == 1 and got.token[0, 61] == 2  # each 2-gram's own follower
