@@ -28,6 +28,7 @@ from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_file
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints import Geometry, HintIndex
+from hints.index import compile_kernels
 from hints.geometry import DEFAULT_LENGTHS, parse_lengths
 from model import RECORD_BACKBONE, gpu_paths_enabled
 from model.gpt import ATTN_BLOCK_SIZE
@@ -242,6 +243,9 @@ def main(argv=None):
     geom = None if args.no_hints else Geometry.parse(args.train_index_geometry, total * global_batch, lengths)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
     log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
+    if geom or args.val_index or args.val_hints == "background":
+        log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
+            f"Numba's cache; untimed)")
     val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
     background, exact, builder_cpus = None, None, None
     with_background = args.val_hints == "background" and args.hint_tokens > 0

@@ -214,3 +214,22 @@ def test_frozen_runs_of_partitions_past_2_15():
     got = idx.lookup(stream)
     assert_same_hints(got, HintIndex(geom).add(stream).seal().lookup(stream), "scan vs sealed")
     assert got.token[0, 1] == 1 and got.token[0, 61] == 2  # each 2-gram's own follower
+
+
+def test_compile_kernels_covers_a_runs_lookups(tmp_path):
+    """compile_kernels (what train_gpt.py runs before its clock starts) leaves nothing for a
+    run's hint work to compile: a training-time index (add, scan lookup) and a background index
+    (sealed, saved, mapped read-only) of other geometries and workers reuse its signatures."""
+    from hints import kernels
+    from hints.index import compile_kernels
+    lengths = (6, 10, 20)
+    compile_kernels(lengths)
+    dispatchers = [lookup.lookup_scan, lookup.lookup_sorted, lookup.seal_partitions, kernels.stage1_worker,
+                   kernels.stage2_place]
+    before = [len(f.signatures) for f in dispatchers]
+    stream = phrase_stream(7, 5000, 30, 100, 12)
+    train = HintIndex(Geometry(2, 6, 16, lengths), workers=2).add(stream[:3000])
+    train.lookup(stream[3000:])
+    bg = HintIndex(Geometry(3, 5, 32, lengths)).add(stream).seal()
+    HintIndex.load(bg.save(str(tmp_path / "bg.idx")), mmap=True, workers=2).lookup(stream[:2000])
+    assert [len(f.signatures) for f in dispatchers] == before
