@@ -23,8 +23,9 @@ ownership, no cache line taken: at 2^14 partitions stage 1 went from 9.6-10.1 to
 ns/token; the record step's add is unchanged). Stage 2 (`stage2_place`): workers claim
 partitions in turn, largest first, take each one's slots in chunk order (= stream order) and
 place each in its first bucket while it has room, else its second, else drop it. So the bytes
-do not depend on the worker count or on which worker took which chunk or partition. A slot whose two buckets are both full already is not staged at all
-(stage 1 reads one bit per bucket, `full_buckets`, which stage 2 keeps current).
+do not depend on the worker count or on which worker took which chunk or partition. A slot
+whose two buckets are both full already is not staged at all (stage 1 reads one bit per
+bucket, `full_buckets`, which stage 2 keeps current).
 """
 import numba
 import numpy as np
