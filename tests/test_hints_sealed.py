@@ -233,3 +233,14 @@ def test_compile_kernels_covers_a_runs_lookups(tmp_path):
     bg = HintIndex(Geometry(3, 5, 32, lengths)).add(stream).seal()
     HintIndex.load(bg.save(str(tmp_path / "bg.idx")), mmap=True, workers=2).lookup(stream[:2000])
     assert [len(f.signatures) for f in dispatchers] == before
+
+
+
+def test_compile_kernels_needs_no_writable_temp_dir(monkeypatch, tmp_path):
+    """compile_kernels builds its tiny background-style index in a memfd, as the background
+    builder does: a run whose temporary directory is missing or read-only still starts."""
+    import tempfile
+    from hints.index import compile_kernels
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert compile_kernels((6, 10, 20)) > 0
+    assert not (tmp_path / "missing").exists()
