@@ -12,7 +12,8 @@ Figures: the plain-Python builder and lookup (the denominators); the build from 
 (both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
 shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
 a sealed one; with --record-step, the training-time hint work of one rank per step at the
-record's shape, with the floor under its stage 2 (random writes); the copy bandwidth of 1 core
+record's shape on one thread, with the floor under its stage 2 (random writes), and on the
+record's threads per rank (wall and CPU time); the copy bandwidth of 1 core
 and of 2 cores at once (the most a memory-bound step can gain from a second worker here); the
 host's memory latency (a pointer chase: what lookups wait on, and what moved most between
 runs on the same kind of machine); and
@@ -51,6 +52,10 @@ RECORD_LOOKUP = 32_768
 RECORD_ADD = 262_144
 RECORD_INDEX_TOKENS = 70_800_000
 RECORD_PREFILL = 12_000_000
+# The record runs a rank's hint work on this many threads (train/plan.py's RECORD_HINT_WORKERS;
+# a test keeps the two equal): the record step is also timed so, beside the 1-core figure,
+# as wall time and as the CPU time it takes from the node.
+RECORD_THREADS = 2
 # The record's builder node (docs/design.md): 37B tokens on 2 x 56 cores, ~600 GB/s of memory bandwidth.
 NODE_TOKENS = 37e9
 NODE_CORES = 112
@@ -216,45 +221,69 @@ def bench_lookup(idx, query, workers, repeats, label, log):
     return figs
 
 
-def bench_record_step(stream, repeats, log, lengths=(6, 10, 20)):
+def bench_record_step(stream, repeats, log, lengths=(6, 10, 20), threads=RECORD_THREADS):
     """One rank's training-time hint work per step at the record's shape: lookup(RECORD_LOOKUP)
     of the coming positions, then add(RECORD_ADD), into a growing index sized for
     RECORD_INDEX_TOKENS with RECORD_PREFILL tokens in (less when the stream is short). The
     add is split into its two stages, and beside it stands the floor under stage 2: as many
-    independent random 8-byte writes into a table of the index's size."""
+    independent random 8-byte writes into a table of the index's size. With threads > 1 a
+    second index does the same steps on that many threads, alternating with the first (which
+    goes first in every other step), and must end with the same bytes: its wall time, and the
+    CPU time it uses, which is what it takes from the background builder."""
     geom = Geometry.for_tokens(RECORD_INDEX_TOKENS, lengths=lengths)
     prefill = max(0, min(RECORD_PREFILL, stream.size - (repeats + 1) * RECORD_ADD))
     if stream.size < prefill + (repeats + 1) * RECORD_ADD:
         raise ValueError(f"--record-step: needs at least {(repeats + 1) * RECORD_ADD:,} tokens, the stream has {stream.size:,}")
-    idx = HintIndex(geom, workers=1).reserve(RECORD_ADD)
-    idx.add(stream[:prefill])
-    step = Figure("record step: lookup + add", "steps/s", 1)
-    look = Figure(f"record step: lookup of {RECORD_LOOKUP:,}", "pos/s", RECORD_LOOKUP)
-    add = Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD)
+    counts = sorted({1, int(threads)})
+    idx = {w: HintIndex(geom, workers=w).reserve(RECORD_ADD) for w in counts}
+    figs = {w: dict(step=Figure(f"record step: lookup + add, {w} thread(s)", "steps/s", 1, w),
+                    lookup=Figure(f"record step: lookup of {RECORD_LOOKUP:,}", "pos/s", RECORD_LOOKUP, w),
+                    add=Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD, w)) for w in counts}
+    for w in counts:
+        idx[w].add(stream[:prefill])
     stages, dropped = [], []
     pos = prefill
     for i in range(repeats + 1):  # the first step is a warm-up (first-touch of scratch, caches)
-        wl, cl, _ = timed(lambda: idx.lookup(stream[pos:pos + RECORD_LOOKUP]))
-        before, dropped_before = dict(idx.build_seconds), idx.dropped
-        wa, ca, _ = timed(lambda: idx.add(stream[pos:pos + RECORD_ADD]))
+        for w in (counts if i % 2 == 0 else counts[::-1]):
+            ix = idx[w]
+            wl, cl, _ = timed(lambda: ix.lookup(stream[pos:pos + RECORD_LOOKUP]))
+            before, dropped_before = dict(ix.build_seconds), ix.dropped
+            wa, ca, _ = timed(lambda: ix.add(stream[pos:pos + RECORD_ADD]))
+            if i:
+                f = figs[w]
+                f["lookup"].add(wl, cl)
+                f["add"].add(wa, ca)
+                f["step"].add(wl + wa, cl + ca)
+                if w == 1:
+                    stages.append([ix.build_seconds[s] - before[s] for s in ("stage1", "stage2")])
+                    dropped.append((ix.dropped - dropped_before) / RECORD_ADD)
         pos += RECORD_ADD
-        if i:
-            look.add(wl, cl)
-            add.add(wa, ca)
-            step.add(wl + wa, cl + ca)
-            stages.append([idx.build_seconds[s] - before[s] for s in ("stage1", "stage2")])
-            dropped.append((idx.dropped - dropped_before) / RECORD_ADD)
-    floor = random_writes(log, idx.table, RECORD_ADD, repeats)
-    idx = None
-    ms = 1e3 / step.rates
+    one = idx[1]
+    for w in counts[1:]:
+        if not (np.array_equal(idx[w].fill, one.fill) and np.array_equal(idx[w].table, one.table)):
+            raise AssertionError(f"record step: {w} threads built other bytes than 1")
+        idx[w] = None
+    floor = random_writes(log, one.table, RECORD_ADD, repeats)
+    idx = one = None
+    f1 = figs[1]
+    ms = 1e3 / f1["step"].rates
     s1, s2 = 1e3 * np.median(np.array(stages), axis=0)
-    log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 worker): "
-        f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(look.wall):.2f} ms "
-        f"+ add {1e3 * np.median(add.wall):.2f} ms (stage 1 {s1:.2f} + stage 2 {s2:.2f}; {RECORD_ADD:,} random writes "
+    log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 thread): "
+        f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(f1['lookup'].wall):.2f} ms "
+        f"+ add {1e3 * np.median(f1['add'].wall):.2f} ms (stage 1 {s1:.2f} + stage 2 {s2:.2f}; {RECORD_ADD:,} random writes "
         f"take {1e3 * np.median(floor.wall):.2f} ms) (medians); {np.median(dropped):.0%} of the added slots were "
         f"dropped (both buckets full)")
-    return dict(geometry=geom.to_dict(), prefill=prefill, step=step, lookup=look, add=add,
-                stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor, dropped_share=dropped)
+    for w in counts[1:]:
+        f = figs[w]
+        wall, cpu = 1e3 * np.array(f["step"].wall), 1e3 * np.array(f["step"].cpu)
+        log(f"  record step, {w} threads: {np.median(wall):.2f} ms [{wall.min():.2f}-{wall.max():.2f}] wall "
+            f"(lookup {1e3 * np.median(f['lookup'].wall):.2f} + add {1e3 * np.median(f['add'].wall):.2f}), "
+            f"{np.median(cpu):.2f} ms of CPU [{cpu.min():.2f}-{cpu.max():.2f}]: "
+            f"{np.median(wall / (1e3 / f1['step'].rates)):.2f}x the wall and {np.median(cpu / ms):.2f}x the CPU of "
+            f"1 thread (medians of per-step ratios)")
+    return dict(geometry=geom.to_dict(), prefill=prefill, step=f1["step"], lookup=f1["lookup"], add=f1["add"],
+                stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor, dropped_share=dropped,
+                threads={w: figs[w] for w in counts[1:]})
 
 
 @numba.njit(cache=True, nogil=True)
@@ -370,7 +399,11 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
         record = dict(geometry=rec["geometry"], prefill=rec["prefill"], ms=[1e3 * w for w in rec["step"].wall],
                       lookup_ms=[1e3 * w for w in rec["lookup"].wall], add_ms=[1e3 * w for w in rec["add"].wall],
                       stage1_ms=[s[0] for s in rec["stages_ms"]], stage2_ms=[s[1] for s in rec["stages_ms"]],
-                      random_writes_ms=[1e3 * w for w in rec["random_writes"].wall], dropped_share=rec["dropped_share"])
+                      random_writes_ms=[1e3 * w for w in rec["random_writes"].wall], dropped_share=rec["dropped_share"],
+                      threads={str(w): dict(ms=[1e3 * x for x in f["step"].wall], cpu_ms=[1e3 * x for x in f["step"].cpu],
+                                            lookup_ms=[1e3 * x for x in f["lookup"].wall],
+                                            add_ms=[1e3 * x for x in f["add"].wall])
+                               for w, f in rec["threads"].items()})
     build, stages, idx = bench_build(train, geom, workers, repeats, log)
     for w, f in build.items():
         figs[f"build_{w}w"] = f
@@ -457,6 +490,10 @@ def format_table(res):
                           (f"{RECORD_ADD:,} random 8-byte writes (the floor under stage 2)", "random_writes_ms")):
             v = np.array(r[key])
             rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
+        for w, t in r.get("threads", {}).items():
+            for name, key in ((f"record step, {w} threads: wall", "ms"), (f"record step, {w} threads: CPU", "cpu_ms")):
+                v = np.array(t[key])
+                rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
     if "memory" in res:
         mem = res["memory"]
         rows.append(("peak build memory over baseline", f"{mem['peak_increase'] / MIB:.0f} MiB",

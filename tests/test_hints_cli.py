@@ -96,8 +96,10 @@ def test_bad_input_is_a_clear_error(shards, tmp_path):
 def test_record_step_bench_reports_drops():
     """`hints bench --record-step` at the record's geometry (1.4 GiB): each measured step's
     lookup + add, its two stages, and the share of added slots dropped, which is 0 for text
-    with no repeated n-gram and nearly all for one phrase said over and over."""
-    from hints.bench import RECORD_ADD, bench_record_step
+    with no repeated n-gram and nearly all for one phrase said over and over; and the same
+    steps on the record's threads per rank, on a second index that must end with the same
+    bytes (the bench asserts it)."""
+    from hints.bench import RECORD_ADD, RECORD_THREADS, bench_record_step
     fresh = np.random.default_rng(0).integers(0, 65536, 3 * RECORD_ADD).astype(np.uint16)
     phrase = np.tile(np.arange(7, dtype=np.uint16), 3 * RECORD_ADD // 7)
     for stream, lo, hi in ((fresh, 0.0, 0.0), (phrase, 0.99, 1.0)):
@@ -105,4 +107,7 @@ def test_record_step_bench_reports_drops():
         rec = bench_record_step(stream, 1, lines.append)
         assert len(rec["step"].wall) == 1 and len(rec["stages_ms"]) == 1
         assert lo <= rec["dropped_share"][0] <= hi, rec["dropped_share"]
-        assert "of the added slots were dropped" in lines[-1]
+        assert "of the added slots were dropped" in lines[-2]
+        threaded = rec["threads"][RECORD_THREADS]["step"]
+        assert len(threaded.wall) == 1 and threaded.workers == RECORD_THREADS
+        assert lines[-1].startswith(f"  record step, {RECORD_THREADS} threads:") and "ms of CPU" in lines[-1]

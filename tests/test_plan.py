@@ -142,3 +142,11 @@ def test_cli_plans_another_node(capsys):
     assert d["hint_tokens"] == B37 and d["geometry"]["partition_bits"] == 14 and d["n_ranks"] == 8
     assert main(["--node-ram", "256GiB", "--node-cores", "224", "--node-tokens", "37B", "--hint-geometry", "record"]) == 2
     assert "--hint-geometry" in capsys.readouterr().err
+
+
+def test_bench_times_the_record_step_on_the_records_threads():
+    """`hints bench --record-step` times a rank's hint work on as many threads as the record
+    preset gives it (hints/ imports nothing from train/, so the number is written twice)."""
+    from hints.bench import RECORD_THREADS
+    from train.plan import RECORD_HINT_WORKERS
+    assert RECORD_THREADS == RECORD_HINT_WORKERS
