@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 
 import numba
 import numpy as np
@@ -501,7 +502,7 @@ class HintIndex:
         fill = np.array(fill) if mmap else fill  # a private copy: the counts checked are the counts used
         store.check_fill(path, fill, geom.slots, hdr["hints_stored"])
         if hdr["sealed"]:
-            summary, side_off, side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
+            summary, side_off, side = store.map_sealed(path, geom, hdr["side_capacity"], "r", hdr["version"])
             side_off, side = np.array(side_off), np.array(side)  # small: private copies, checked as used
             store.check_side(path, side_off, side, hdr["side_capacity"])
             self._side = (summary if mmap else np.array(summary), side_off, side)
@@ -519,6 +520,13 @@ class HintIndex:
             if got != hdr["data_checksum"]:
                 raise ValueError(f"hint index {path}: data checksum mismatch (stored {hdr['data_checksum']:#x}, "
                                  f"computed {got:#x}); the file is corrupt")
+        if self.sealed and hdr["version"] < store.FILTER_VERSION:
+            # its summaries have no presence filter, which the sealed search relies on; its sorted
+            # buckets are a valid growing table, so it is searched as one (the same answers)
+            warnings.warn(f"hint index {path}: sealed by format version {hdr['version']}, before bucket summaries "
+                          f"had a presence filter; loaded unsealed (lookups scan it). Seal it again for the "
+                          f"faster search: HintIndex.load(path, mmap=False).seal().save(new_path)", stacklevel=2)
+            self.sealed, self._side = False, None
         return self
 
     # ---- description ----------------------------------------------------------------------

@@ -19,10 +19,11 @@ uint64 words. A slot is [checksum(L0) | checksum(L1) | ... | token] from the top
 the order is by the key of every length at once: the slots of one n-gram of any length form
 one contiguous run, the run of a longer n-gram lies inside the run of its shorter suffix,
 and the slots of the longest n-gram are sorted by follower token. Each bucket gets a summary
-row (one cache line for S <= 248): its fill and, per line of 8 slots, the top 16 bits of the
-line's first slot (a fence). A lookup reads the summary, which names the one or two slot
-lines where the shortest n-gram's run can start and end, and finds the runs of all lengths by
-binary search (or, in a short range, by counting), nested. The n-gram count is
+row (one cache line for S <= 184): its fill, per line of 8 slots the top 16 bits of the
+line's first slot (a fence), and a presence filter (FILTER_WORDS). A lookup reads the summary:
+a clear filter bit says the n-gram is absent, and no slot line is read; else the fences name
+the one or two slot lines where the shortest n-gram's run can start and end, and the runs of
+all lengths are found by binary search (or, in a short range, by counting), nested. The n-gram count is
 the run's length. The most frequent follower comes from the few tokens of a short run (<
 SIDE_MIN_COUNT slots), and for a long run from the side table: for every n-gram with at
 least SIDE_MIN_COUNT slots, sealing stores (length index << 48 | key) -> (top count << 16 |
@@ -72,21 +73,38 @@ FROZEN_RUN_SLOTS = 1 << 19
 SIDE_MIN_COUNT = 16
 SIDE_LEVEL_SHIFT = U64(CHECKSUM_TOTAL_BITS)  # side key = length index << 48 | nested key
 SIDE_LOAD = 2                                # side-table capacity >= 2 x entries (linear probing stays short)
-# Sealed bucket summary: one uint16 row per bucket, [fill, fence of line 0, line 1, ...], where
-# a line's fence is the top 16 bits of its first slot (the top of the shortest length's
-# checksum). Rows are padded to whole 64-byte lines: one line for up to 31 slot lines (S <= 248).
+# Sealed bucket summary: one uint16 row per bucket, [fill, fence of line 0, line 1, ..., filter],
+# where a line's fence is the top 16 bits of its first slot (the top of the shortest length's
+# checksum). Rows are padded to whole 64-byte lines: one line for up to 23 slot lines (S <= 184).
 FENCE_BITS = 16
 FENCE_SHIFT = U64(64 - FENCE_BITS)
 assert min(b[0] for b in CHECKSUM_BITS.values()) >= FENCE_BITS  # a fence is part of the shortest length's checksum
 SUMMARY_ALIGN = 32  # uint16 words per 64-byte line
+# Sealed bucket presence filter: FILTER_WORDS uint16 words (2^FILTER_LOG_BITS bits) after the
+# fences, one bit set per distinct shortest checksum in the bucket (a multiply-shift hash of it,
+# independent of the bucket's own). A lookup whose bit is clear knows the n-gram is absent
+# without reading a slot line. With S = 176 the row still fits one line (1 + 22 + 8 words).
+FILTER_WORDS = 8
+FILTER_LOG_BITS = 7
+FILTER_MULT = U64(0x9E3779B97F4A7C15)  # odd (2^64 / golden ratio), unlike the bucket hash's multiplier
 LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer ones binary-searched
 INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
 
 
-def summary_words(slots):
-    """uint16 words of one bucket's summary row: the fill and one fence per slot line, padded."""
+def summary_words(slots, filter_words=None):
+    """uint16 words of one bucket's summary row: the fill, one fence per slot line, the presence
+    filter (FILTER_WORDS; none in files sealed before it, hints.store), padded."""
     lines = -(-slots // SLOTS_PER_LINE)
-    return -(-(1 + lines) // SUMMARY_ALIGN) * SUMMARY_ALIGN
+    filter_words = FILTER_WORDS if filter_words is None else filter_words
+    return -(-(1 + lines + filter_words) // SUMMARY_ALIGN) * SUMMARY_ALIGN
+
+
+@numba.njit(cache=True, inline="always")
+def filter_word_bit(c0, slots):
+    """(word of the summary row, bit in it) of shortest checksum c0 in a bucket's presence filter,
+    which follows the row's fences (slots // SLOTS_PER_LINE of them)."""
+    h = np.int64((c0 * FILTER_MULT) >> U64(64 - FILTER_LOG_BITS))
+    return 1 + slots // SLOTS_PER_LINE + (h >> 4), U64(h & 15)
 
 
 # ---- shared pieces --------------------------------------------------------------------------
@@ -558,6 +576,9 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
                 sm[0] = f
                 for i in range(0, f, SLOTS_PER_LINE):
                     sm[1 + i // SLOTS_PER_LINE] = np.uint16(tp[b, i] >> FENCE_SHIFT)
+                for i in range(f):
+                    w, bit = filter_word_bit(tp[b, i] >> sh0, S)
+                    sm[w] |= np.uint16(U64(1) << bit)
         o = side_off[p]
         cap = side_off[p + 1] - o
         found = 0
@@ -691,8 +712,9 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     with the n-gram of the one before copies its results). In sorted order they go in groups
     of PREFETCH_GROUP through four phases, so that each phase's cache misses overlap across
     the group: (1) hash, prefetch the first bucket's summary line;
-    (2) read its fences, prefetch the slot lines where the shortest n-gram's run can start and
-    end, and the second bucket's summary line when the first is full; (3) the same for the
+    (2) read its filter bit (clear: nothing in this bucket, no slot line read) and its fences,
+    prefetch the slot lines where the shortest n-gram's run can start and end, and the second
+    bucket's summary line when the first is full; (3) the same for the
     second bucket; (4) find the runs of every length (nested: each inside the last): counts
     are run lengths, top followers come from the side table (runs of >= SIDE_MIN_COUNT slots)
     or from the few tokens of a short run. The scratch arrays come from new_scratch.
@@ -744,24 +766,30 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                 part, b1 = g_part[g], g_b1[g]
                 sm = summary[part, b1]
                 f1 = min(np.int64(sm[0]), slots)  # clamped: a corrupt summary cannot move a read out of the row
-                below, at_most = fence_lines(sm, g_key[g])
-                a, m = fenced_range(f1, below, at_most)
+                w, bit = filter_word_bit(g_key[g] >> sh0, slots)
+                a, m = 0, 0
+                if (U64(sm[w]) >> bit) & U64(1):
+                    below, at_most = fence_lines(sm, g_key[g])
+                    a, m = fenced_range(f1, below, at_most)
+                    prefetch3(table, part, b1, a)
+                    if m > SLOTS_PER_LINE:
+                        prefetch3(table, part, b1, a + m - 1)
                 g_f1[g], g_a1[g], g_n1[g] = f1, a, m
-                prefetch3(table, part, b1, a)
-                if m > SLOTS_PER_LINE:
-                    prefetch3(table, part, b1, a + m - 1)
                 if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
                     prefetch3(summary, part, g_b2[g], 0)
             for g in range(g_n):  # phase 3: the same for the second bucket
                 if g_f1[g] >= slots:
                     part, b2 = g_part[g], g_b2[g]
                     sm = summary[part, b2]
-                    below, at_most = fence_lines(sm, g_key[g])
-                    a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
+                    w, bit = filter_word_bit(g_key[g] >> sh0, slots)
+                    a, m = 0, 0
+                    if (U64(sm[w]) >> bit) & U64(1):
+                        below, at_most = fence_lines(sm, g_key[g])
+                        a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
+                        prefetch3(table, part, b2, a)
+                        if m > SLOTS_PER_LINE:
+                            prefetch3(table, part, b2, a + m - 1)
                     g_a2[g], g_n2[g] = a, m
-                    prefetch3(table, part, b2, a)
-                    if m > SLOTS_PER_LINE:
-                        prefetch3(table, part, b2, a + m - 1)
                 else:
                     g_a2[g], g_n2[g] = 0, 0
             for g in range(g_n):  # phase 4: runs of every length, counts, top followers

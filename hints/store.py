@@ -20,8 +20,10 @@ Files are created mode 0600 with O_EXCL|O_NOFOLLOW (never through a planted syml
 their blocks are reserved up front (posix_fallocate): a full disk or shared-memory folder is
 an error naming the file when it is created, never a SIGBUS in the middle of a build.
 
-Versions: 2 added the sealed flag and the sealed arrays. A version-1 file (always unsealed, same
-layout up to the table) is still read.
+Versions: 2 added the sealed flag and the sealed arrays; 3 added the presence filter to each
+bucket's summary row. A version-1 file (always unsealed, same layout up to the table) is still
+read, and so is a version-2 one; a sealed version-2 file loads unsealed (its sorted table is a
+valid growing one: lookups scan it, and return the same), and says so.
 """
 import errno
 import os
@@ -34,8 +36,9 @@ from .geometry import MAX_LENGTH, MAX_LENGTHS, Geometry, _human
 from .lookup import summary_words
 
 MAGIC = b"NGHINTS\x00"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+FILTER_VERSION = 3  # the first whose sealed summaries hold a presence filter
 HEADER_BYTES = 4096   # one page, so the arrays after it are page-aligned
 PAGE = 4096
 HEADER_LENGTHS = 8           # length fields the header has room for (Geometry allows at most MAX_LENGTHS)
@@ -56,15 +59,16 @@ def round_up(n, to=PAGE):
     return -(-n // to) * to
 
 
-def layout(geom, side_capacity=None):
+def layout(geom, side_capacity=None, version=VERSION):
     """(fill offset, table offset, total file bytes) of a geometry; with side_capacity (a sealed
-    index), a dict of those and of the sealed arrays' offsets and shapes."""
+    index), a dict of those and of the sealed arrays' offsets and shapes (in a file of `version`)."""
     fill_off = HEADER_BYTES
     table_off = fill_off + round_up(geom.fill_bytes)
     end = table_off + geom.table_bytes
     if side_capacity is None:
         return fill_off, table_off, end
-    shapes = dict(summary=((geom.n_partitions, geom.n_buckets, summary_words(geom.slots)), np.uint16),
+    words = summary_words(geom.slots, None if version >= FILTER_VERSION else 0)
+    shapes = dict(summary=((geom.n_partitions, geom.n_buckets, words), np.uint16),
                   side_off=((geom.n_partitions + 1,), np.int64),
                   side=((2 * side_capacity,), np.uint64))
     out = dict(fill=fill_off, table=table_off, shapes=shapes)
@@ -76,8 +80,8 @@ def layout(geom, side_capacity=None):
     return out
 
 
-def file_bytes(geom, sealed, side_capacity):
-    return layout(geom, side_capacity)["total"] if sealed else layout(geom)[2]
+def file_bytes(geom, sealed, side_capacity, version=VERSION):
+    return layout(geom, side_capacity, version)["total"] if sealed else layout(geom)[2]
 
 
 def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history, sealed=False, side_capacity=0):
@@ -129,7 +133,7 @@ def read_header(path):
         if v >= 1 << 63:
             raise ValueError(f"hint index {path}: header field {name} is {v}, expected < 2^63; corrupt header")
     history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
-    expected = file_bytes(geom, sealed, side_capacity)
+    expected = file_bytes(geom, sealed, side_capacity, version)
     if size != expected:
         raise ValueError(f"hint index {path}: file is {size} bytes, expected {expected} for geometry "
                          f"{geom.describe()}{' sealed' if sealed else ''}; truncated or corrupt")
@@ -221,9 +225,9 @@ def map_arrays(path, geom, mode):
     return fill, table
 
 
-def map_sealed(path, geom, side_capacity, mode):
-    """(summary, side_off, side) memory maps of a sealed index's file."""
-    lay = layout(geom, side_capacity)
+def map_sealed(path, geom, side_capacity, mode, version=VERSION):
+    """(summary, side_off, side) memory maps of a sealed index's file (of format `version`)."""
+    lay = layout(geom, side_capacity, version)
     out = []
     for name in SEALED_ARRAYS:
         shape, dtype = lay["shapes"][name]

@@ -34,7 +34,7 @@ CASES = [
     # (id, geometry, stream seed/vocab/phrases/max phrase length); all have side-table entries
     ("overflow-6.10.20", Geometry(4, 6, 16, (6, 10, 20)), (1, 16, 200, 12)),
     ("roomy-6.10.20", Geometry(6, 8, 176, (6, 10, 20)), (2, 12, 300, 12)),
-    ("two-summary-lines", Geometry(2, 3, 512, (6, 10, 20)), (3, 10, 100, 10)),  # S > 248: summary of 2 lines
+    ("two-summary-lines", Geometry(2, 3, 512, (6, 10, 20)), (3, 10, 100, 10)),  # S > 184: summary of 2 lines
     ("len-1.2.3.4", Geometry(3, 5, 64, (1, 2, 3, 4)), (4, 40, 200, 6)),
     ("len-2.3", Geometry(4, 6, 32, (2, 3)), (5, 30, 300, 8)),
     ("len-4", Geometry(0, 4, 128, (4,)), (6, 20, 100, 8)),
@@ -61,6 +61,11 @@ def test_sealed_equals_scan(case):
     summary = idx._side[0]
     assert summary.shape[2] == summary_words(geom.slots)
     assert (summary[:, :, 0] == idx.fill).all()
+    # the presence filter: a bit per distinct shortest key, so no more bits than slots (an
+    # all-ones filter would reject nothing), and one at least in every non-empty bucket
+    base = 1 + geom.slots // 8
+    bits = np.unpackbits(summary[:, :, base:base + lookup.FILTER_WORDS].copy().view(np.uint8), axis=-1).sum(-1)
+    assert (bits <= idx.fill).all() and ((bits > 0) == (idx.fill > 0)).all()
     # the sealed lookup reads long runs' top followers from the side table: counts >= the threshold occur
     assert (before[0].count >= SIDE_MIN_COUNT).any() and (before[0].count[:, 20:] == 1).any()
 
@@ -126,6 +131,42 @@ def test_add_after_seal_unseals_and_stays_exact():
     plain = HintIndex(geom).add(stream[:12000]).add(stream[12000:])
     assert_same_hints(idx.lookup(stream), plain.lookup(stream), "added after seal")
     assert_same_hints(idx.seal().lookup(stream), plain.lookup(stream), "sealed again")
+
+
+def test_version2_sealed_file_loads_unsealed(tmp_path):
+    """A file sealed before bucket summaries had a presence filter (format version 2: rows of
+    fill and fences only, 32 words at S=192 where version 3 needs 64) loads, verified, as an
+    unsealed index with a warning that names it, and its lookups scan to the same answers; read
+    as version 3, its rows would say every n-gram is absent."""
+    geom = Geometry(3, 5, 192, (6, 10, 20))
+    stream = phrase_stream(12, 10000, 16, 200, 12)
+    idx = HintIndex(geom).add(stream)
+    want = idx.lookup(stream)
+    idx.seal()
+    summary, side_off, side = idx._side
+    lines = geom.slots // 8
+    old = np.zeros(summary.shape[:2] + (lookup.summary_words(geom.slots, 0),), dtype=np.uint16)
+    old[:, :, :1 + lines] = summary[:, :, :1 + lines]  # fill and fences, no filter
+    idx._side = (old, side_off, side)
+    lay = store.layout(geom, idx.side_capacity, version=2)
+    path = str(tmp_path / "v2.idx")
+    with open(path, "wb") as f:
+        f.truncate(lay["total"])
+        for off, a in ((lay["fill"], idx.fill), (lay["table"], idx.table), (lay["summary"], old),
+                       (lay["side_off"], side_off), (lay["side"], side)):
+            f.seek(off)
+            np.ascontiguousarray(a).tofile(f)
+    header = bytearray(idx._header())
+    header[8:12] = (2).to_bytes(4, "little")
+    body = bytes(header[:store._FIELDS.size])
+    header[store._FIELDS.size:store._FIELDS.size + 4] = store._CRC.pack(__import__("zlib").crc32(body))
+    store.write_header(path, bytes(header))
+    assert store.read_header(path)["version"] == 2
+    for mmap in (True, False):
+        with pytest.warns(UserWarning, match="v2.idx.*version 2.*loaded unsealed"):
+            got = HintIndex.load(path, mmap=mmap)
+        assert not got.sealed
+        assert_same_hints(got.lookup(stream), want, f"version 2, mmap={mmap}")
 
 
 def test_version1_file_is_still_read(tmp_path):
