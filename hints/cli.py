@@ -185,7 +185,8 @@ def main(argv=None):
                         "project as English text (prose; Debian packages manpages, manpages-dev)")
     p.add_argument("--repeats", type=int, default=5, help="times each figure is measured (alternated)")
     p.add_argument("--record-step", action="store_true",
-                   help="also time one rank's training-time hint work per step at the record's shape")
+                   help="also time one rank's training-time hint work per step at the record's shape, on 1 thread "
+                   "and on the record's 2 threads per rank (wall and CPU time)")
     p.add_argument("--query", default=None, help="query tokens (default: the corpus's validation split)")
     p.add_argument("--query-tokens", type=int, default=1_000_000)
     p.add_argument("--ref-tokens", type=int, default=200_000, help="tokens the plain-Python builder is timed on")
