@@ -279,7 +279,7 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20), threads=RECORD_
         log(f"  record step, {w} threads: {np.median(wall):.2f} ms [{wall.min():.2f}-{wall.max():.2f}] wall "
             f"(lookup {1e3 * np.median(f['lookup'].wall):.2f} + add {1e3 * np.median(f['add'].wall):.2f}), "
             f"{np.median(cpu):.2f} ms of CPU [{cpu.min():.2f}-{cpu.max():.2f}]: "
-            f"{np.median(wall / (1e3 / f1['step'].rates)):.2f}x the wall and {np.median(cpu / ms):.2f}x the CPU of "
+            f"{np.median(wall / ms):.2f}x the wall and {np.median(cpu / ms):.2f}x the CPU of "
             f"1 thread (medians of per-step ratios)")
     return dict(geometry=geom.to_dict(), prefill=prefill, step=f1["step"], lookup=f1["lookup"], add=f1["add"],
                 stages_ms=(1e3 * np.array(stages)).tolist(), random_writes=floor, dropped_share=dropped,

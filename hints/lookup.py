@@ -693,6 +693,26 @@ def fenced_range(f, below, at_most):
 
 
 @numba.njit(cache=True, inline="always")
+def bucket_range(table, summary, part, b, key, sh0):
+    """(start, length) of the slots of bucket (part, b) of a sealed index that can hold the run
+    of `key`'s shortest n-gram, from the bucket's summary row: (0, 0) when the presence filter's
+    bit is clear (no slot line is read), else the fenced range, whose one or two slot lines are
+    prefetched. The fill is clamped to the slots: a corrupt summary cannot move a read out of
+    the row."""
+    slots = table.shape[2]
+    sm = summary[part, b]
+    w, bit = filter_word_bit(key >> sh0, slots)
+    if not ((U64(sm[w]) >> bit) & U64(1)):
+        return 0, 0
+    below, at_most = fence_lines(sm, key)
+    a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
+    prefetch3(table, part, b, a)
+    if m > SLOTS_PER_LINE:
+        prefetch3(table, part, b, a + m - 1)
+    return a, m
+
+
+@numba.njit(cache=True, inline="always")
 def top_follower(toks, n, is_sorted):
     """(most frequent token, its count) of toks[:n] (ties to the smallest id); sorts toks[:n]
     unless is_sorted."""
@@ -762,36 +782,17 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                 if s0 + PREFETCH_GROUP + g < n:  # a whole group's time ahead
                     b1, _ = bucket_pair(skeys[s0 + PREFETCH_GROUP + g] >> sh0, bucket_bits)
                     prefetch3(summary, entry_partition(srt[s0 + PREFETCH_GROUP + g], partition_bits), b1, 0)
-            for g in range(g_n):  # phase 2: first bucket's fences -> prefetch the run's slot lines
+            for g in range(g_n):  # phase 2: first bucket's filter and fences -> prefetch the run's slot lines
                 part, b1 = g_part[g], g_b1[g]
-                sm = summary[part, b1]
-                f1 = min(np.int64(sm[0]), slots)  # clamped: a corrupt summary cannot move a read out of the row
-                w, bit = filter_word_bit(g_key[g] >> sh0, slots)
-                a, m = 0, 0
-                if (U64(sm[w]) >> bit) & U64(1):
-                    below, at_most = fence_lines(sm, g_key[g])
-                    a, m = fenced_range(f1, below, at_most)
-                    prefetch3(table, part, b1, a)
-                    if m > SLOTS_PER_LINE:
-                        prefetch3(table, part, b1, a + m - 1)
-                g_f1[g], g_a1[g], g_n1[g] = f1, a, m
+                f1 = min(np.int64(summary[part, b1, 0]), slots)
+                g_f1[g] = f1
+                g_a1[g], g_n1[g] = bucket_range(table, summary, part, b1, g_key[g], sh0)
                 if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
                     prefetch3(summary, part, g_b2[g], 0)
             for g in range(g_n):  # phase 3: the same for the second bucket
+                g_a2[g], g_n2[g] = 0, 0
                 if g_f1[g] >= slots:
-                    part, b2 = g_part[g], g_b2[g]
-                    sm = summary[part, b2]
-                    w, bit = filter_word_bit(g_key[g] >> sh0, slots)
-                    a, m = 0, 0
-                    if (U64(sm[w]) >> bit) & U64(1):
-                        below, at_most = fence_lines(sm, g_key[g])
-                        a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
-                        prefetch3(table, part, b2, a)
-                        if m > SLOTS_PER_LINE:
-                            prefetch3(table, part, b2, a + m - 1)
-                    g_a2[g], g_n2[g] = a, m
-                else:
-                    g_a2[g], g_n2[g] = 0, 0
+                    g_a2[g], g_n2[g] = bucket_range(table, summary, g_part[g], g_b2[g], g_key[g], sh0)
             for g in range(g_n):  # phase 4: runs of every length, counts, top followers
                 i = g_idx[g]
                 tp = t + i

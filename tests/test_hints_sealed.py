@@ -276,7 +276,6 @@ def test_compile_kernels_covers_a_runs_lookups(tmp_path):
     assert [len(f.signatures) for f in dispatchers] == before
 
 
-
 def test_compile_kernels_needs_no_writable_temp_dir(monkeypatch, tmp_path):
     """compile_kernels builds its tiny background-style index in a memfd, as the background
     builder does: a run whose temporary directory is missing or read-only still starts."""
