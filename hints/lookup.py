@@ -767,8 +767,9 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
         n = min(t1 - t, GROUP_BLOCK)
         srt, skeys = sort_block(q, t + 1, n, r, lengths, pows, partition_bits, bucket_bits, bits, shifts, prefix, keys,
                                 parts, order, spare, hist)
-        prev = -1  # the block index of the last position searched
+        prev = -1  # the block index of the last position
         prev_key, prev_part = U64(0), 0
+        prev_deepest = K  # its lengths 0..prev_deepest-1 are present (K: none absent)
         for s0 in range(0, n, PREFETCH_GROUP):
             g_n = min(n, s0 + PREFETCH_GROUP) - s0
             for g in range(g_n):  # phase 1: the first bucket's summary; prefetch the next group's
@@ -796,21 +797,31 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
             for g in range(g_n):  # phase 4: runs of every length, counts, top followers
                 i = g_idx[g]
                 tp = t + i
-                if prev >= 0 and g_key[g] == prev_key and g_part[g] == prev_part:  # the n-gram just searched
-                    for k in range(K):
-                        out_token[k, tp] = out_token[k, t + prev]
-                        out_count[k, tp] = out_count[k, t + prev]
-                        out_top[k, tp] = out_top[k, t + prev]
-                    continue
-                prev, prev_key, prev_part = i, g_key[g], g_part[g]
-                j = tp + 1
                 part, b1, b2 = g_part[g], g_b1[g], g_b2[g]
+                # lengths whose key is the last position's (sorted: equal keys are adjacent) keep
+                # its runs and answers; the search goes on from the first that differs
+                first = 0
+                if prev >= 0 and part == prev_part:
+                    while first < K and (g_key[g] >> sh[first]) == (prev_key >> sh[first]):
+                        first += 1
+                kept = min(first, prev_deepest)  # a length absent there, with the same key, is absent here
+                for k in range(kept):
+                    out_token[k, tp] = out_token[k, t + prev]
+                    out_count[k, tp] = out_count[k, t + prev]
+                    out_top[k, tp] = out_top[k, t + prev]
+                prev, prev_key, prev_part = i, g_key[g], part
+                if first == K or first > prev_deepest:  # nothing left to search
+                    continue
+                j = tp + 1
                 valid = query_keys(g_key[g], j, lengths, sh, qk)
                 row1 = table[part, b1]
                 row2 = table[part, b2]
                 a1, n1, a2, n2 = g_a1[g], g_n1[g], g_a2[g], g_n2[g]
-                deepest = 0  # lengths 0..deepest-1 are present
-                for k in range(valid):
+                if first > 0:  # inside the shorter length's runs
+                    a1, n1 = lo1[first - 1], hi1[first - 1] - lo1[first - 1]
+                    a2, n2 = lo2[first - 1], hi2[first - 1] - lo2[first - 1]
+                deepest = first  # lengths 0..deepest-1 are present
+                for k in range(first, valid):
                     x = qk[k] << sh[k]
                     y = x | ((U64(1) << sh[k]) - U64(1))
                     l1, h1 = bounds(row1, a1, n1, x, y)
@@ -820,7 +831,8 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                         break
                     lo1[k], hi1[k], lo2[k], hi2[k] = a1, a1 + n1, a2, a2 + n2
                     deepest = k + 1
-                for k in range(deepest):
+                prev_deepest = deepest
+                for k in range(first, deepest):
                     cnt = hi1[k] - lo1[k] + hi2[k] - lo2[k]
                     out_count[k, tp] = cnt
                     if cnt == 1:
