@@ -140,8 +140,25 @@ def test_cli_plans_another_node(capsys):
     assert main(["--node-ram", "2TiB", "--node-cores", "224", "--node-tokens", "37B"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["hint_tokens"] == B37 and d["geometry"]["partition_bits"] == 14 and d["n_ranks"] == 8
+    assert d["builder_cores"] == 224 - 8 * 4  # another node is the article's: 2 threads a core, 2 cores a rank
+    assert main(["--node-ram", "2TiB", "--node-cores", "224", "--node-threads-per-core", "1", "--node-tokens", "37B"]) == 0
+    assert json.loads(capsys.readouterr().out)["builder_cores"] == 224 - 8 * 3
     assert main(["--node-ram", "256GiB", "--node-cores", "224", "--node-tokens", "37B", "--hint-geometry", "record"]) == 2
     assert "--hint-geometry" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads_per_core", [1, 2, 3])
+def test_builder_threads_are_what_the_placement_leaves(threads_per_core):
+    """The plan's builder gets the hardware threads train/placement.py leaves the builder: each
+    rank's 1 + hint_workers threads take whole physical cores."""
+    from train.placement import plan_placement, synthetic_topology
+    from train.plan import RECORD_HINT_WORKERS
+    topo = synthetic_topology(2, 56, threads_per_core)
+    placed = plan_placement(topo, [rank // 4 for rank in range(8)], 1 + RECORD_HINT_WORKERS)
+    p = node(2 * TiB, len(topo.cpus), B37, shm=TiB, threads_per_core=threads_per_core)
+    assert p.builder_cores == len(placed.builder_cpus)
+    with pytest.raises(PlanError, match="--node-threads-per-core"):
+        node(2 * TiB, 224, B37, shm=TiB, threads_per_core=0)
 
 
 def test_bench_times_the_record_step_on_the_records_threads():

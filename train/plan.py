@@ -13,7 +13,8 @@ What must fit, and where each number comes from:
     area and interpreter + every training rank, within MAX_MEMORY_FRACTION of the node's
     available memory (the fraction `Geometry.check_fits_memory` enforces at allocation);
   * /dev/shm (or another tmpfs directory given with --hint-shm-dir): the index file;
-  * cores: the builder gets the cores the ranks leave free (as train_gpt.py reserves them) and
+  * cores: the builder gets the hardware threads the ranks leave free (train/placement.py gives
+    each rank whole physical cores, all their threads, so the plan rounds the same way) and
     must finish within BUILD_BUDGET_S at BUILD_TOKENS_PER_CORE_S, because a late index makes
     the final validation wait and the wait counts as training time;
   * tokens: those on disk, plus what the free disk can take of the dataset still to fetch.
@@ -34,6 +35,7 @@ from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, TARGE
                             available_memory_bytes, parse_lengths)
 from hints.index import default_chunk_tokens, stage1_chunk, staging_nbytes
 from hints.store import layout
+from train.placement import read_topology
 
 # The article's record: 37B FineWeb100B tokens in the 352 GiB 2^14 x 2^14 x 176 table.
 RECORD_HINT_TOKENS = 37_000_000_000
@@ -68,6 +70,9 @@ BUILD_BUDGET_S = 60.0
 # for its hint-preparation thread (train_gpt.py reserves the same).
 RECORD_RANKS = 8
 RECORD_HINT_WORKERS = 2
+# Hardware threads per physical core of the article's node (2 x 56-core CPUs with SMT, 224
+# threads): what --node-* planning for another node assumes unless --node-threads-per-core says.
+RECORD_THREADS_PER_CORE = 2
 # FineWeb100B as cached for modded-nanogpt: 100M tokens per train shard (data/download.py).
 FINEWEB_SHARD_TOKENS = 100_000_000
 FINEWEB100B_TRAIN_TOKENS = VARIANTS["100B"]["max_train_shards"] * FINEWEB_SHARD_TOKENS
@@ -170,10 +175,12 @@ def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=N
                 rank_ram_bytes=None, requested_tokens=None, requested_geometry=None, lengths=DEFAULT_LENGTHS,
                 shm_dirs=None, fetchable_tokens=0, hint_workers=RECORD_HINT_WORKERS,
                 train_tokens=RECORD_TRAIN_TOKENS, default_tokens=RECORD_HINT_TOKENS,
-                build_tokens_per_core_s=BUILD_TOKENS_PER_CORE_S, build_budget_s=BUILD_BUDGET_S):
+                build_tokens_per_core_s=BUILD_TOKENS_PER_CORE_S, build_budget_s=BUILD_BUDGET_S,
+                threads_per_core=1):
     """The largest background-index plan the node holds.
 
-    node_ram_bytes: memory the run may use (MemAvailable); node_cores: cores it may use;
+    node_ram_bytes: memory the run may use (MemAvailable); node_cores: hardware threads it may use
+    (threads_per_core of them to a physical core);
     node_tokens: training tokens on disk; shm_bytes: free bytes of /dev/shm; disk_bytes: free
     disk for shards still to fetch (None: fetch nothing); fetchable_tokens: the dataset's tokens
     not on disk. shm_dirs: [(path, free bytes), ...] tried in order, /dev/shm first (default
@@ -188,10 +195,13 @@ def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=N
     notes = []
     node = dict(ram_bytes=int(node_ram_bytes), cores=int(node_cores), tokens_on_disk=int(node_tokens),
                 shm=[[p, int(b)] for p, b in shm_dirs], disk_bytes=disk_bytes, fetchable_tokens=int(fetchable_tokens),
-                n_ranks=int(n_ranks), hint_workers=int(hint_workers))
+                n_ranks=int(n_ranks), hint_workers=int(hint_workers), threads_per_core=int(threads_per_core))
 
-    # cores: what the ranks leave (train_gpt.py reserves 1 + hint_workers per rank), else share them all
-    reserved = n_ranks * (1 + hint_workers)
+    # cores: what the ranks leave, else share them all. Each rank runs 1 + hint_workers threads on
+    # whole physical cores (train/placement.py), so it holds that many threads rounded up to a core.
+    if threads_per_core < 1:
+        raise PlanError(f"--node-threads-per-core must be >= 1, got {threads_per_core}")
+    reserved = n_ranks * -(-(1 + hint_workers) // threads_per_core) * threads_per_core
     cores = node_cores - reserved if node_cores > reserved else node_cores
     if node_cores <= reserved:
         notes.append(f"no free core ({node_cores} cores, {reserved} kept by {n_ranks} rank(s)): "
@@ -305,12 +315,22 @@ def tokens_on_disk(pattern):
     return sum(shard_token_count(f) for f in sorted(glob.glob(os.path.expanduser(pattern))) if os.path.isfile(f))
 
 
+def threads_per_core():
+    """Hardware threads per physical core of this machine (the most any core has; 1 where /sys
+    does not say)."""
+    try:
+        return max(len(c.cpus) for c in read_topology().cores)
+    except (OSError, ValueError):
+        return 1
+
+
 def node_facts(hint_files, shm_dirs=(DEFAULT_SHM_DIR,), dataset_tokens=0):
     """This machine's numbers for plan_record: available memory, usable cores, free space of
     each shm directory, tokens on disk in `hint_files`, and the free disk beside them for the
     rest of a dataset of `dataset_tokens`."""
     on_disk = tokens_on_disk(hint_files)
     return dict(node_ram_bytes=available_memory_bytes() or 0, node_cores=len(os.sched_getaffinity(0)),
+                threads_per_core=threads_per_core(),
                 node_tokens=on_disk, shm_bytes=free_bytes(shm_dirs[0]),
                 shm_dirs=[(d, free_bytes(d)) for d in shm_dirs],
                 disk_bytes=free_bytes(os.path.dirname(hint_files) or "."),
@@ -326,7 +346,9 @@ def add_plan_args(parser, plan_flag=True):
         g.add_argument("--plan", action="store_true", help="print the plan as JSON and exit (touches no GPU or data)")
     g.add_argument("--node-ram", type=size_arg("--node-ram"),
                    help="plan for a node with this much memory, e.g. 2TiB (default: this machine's MemAvailable)")
-    g.add_argument("--node-cores", type=int, help="cores of that node (default: this process's CPU affinity)")
+    g.add_argument("--node-cores", type=int, help="hardware threads of that node (default: this process's CPU affinity)")
+    g.add_argument("--node-threads-per-core", type=int, help="hardware threads per physical core of that node "
+                   f"(default: this machine's, or {RECORD_THREADS_PER_CORE} when --node-* describes another node)")
     g.add_argument("--node-tokens", type=parse_token_count,
                    help="training tokens that node has or will fetch, e.g. 37B (default: the shards on disk here, "
                    "plus what free disk can fetch)")
@@ -348,7 +370,8 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
     index_in_memfd: the index lives in anonymous shared memory (the trainer's background
     builder), which only RAM bounds, instead of a file in /dev/shm or --hint-shm-dir.
     default_tokens: the corpus the plan starts from before halving (default the article's 37B)."""
-    other_node = any(getattr(args, k) is not None for k in ("node_ram", "node_cores", "node_tokens", "node_shm"))
+    other_node = any(getattr(args, k, None) is not None
+                     for k in ("node_ram", "node_cores", "node_threads_per_core", "node_tokens", "node_shm"))
     kw = node_facts(hint_files, dataset_tokens=dataset_tokens)
     if args.node_ram is not None:
         kw["node_ram_bytes"] = args.node_ram
@@ -357,6 +380,10 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
         kw["shm_bytes"] = args.node_shm
     if args.node_cores is not None:
         kw["node_cores"] = args.node_cores
+    if getattr(args, "node_threads_per_core", None) is not None:
+        kw["threads_per_core"] = args.node_threads_per_core
+    elif other_node:
+        kw["threads_per_core"] = RECORD_THREADS_PER_CORE
     if args.node_tokens is not None:  # what that node has or will fetch: nothing more to fetch
         kw.update(node_tokens=args.node_tokens, disk_bytes=None, fetchable_tokens=0)
     if args.node_ram is not None or args.node_shm is not None:
