@@ -462,6 +462,8 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                     m[k] = gather_run(runs[k - 1], m[k - 1], sh[k], key >> sh[k], runs[k], 0)
                 if m[k] == 0 or (frozen and k == 0):
                     pass
+                elif k > 0 and m[k] == m[k - 1]:  # the shorter length's slots, all of them: its answer
+                    res_tok[k], res_top[k] = res_tok[k - 1], res_top[k - 1]
                 elif frozen:
                     res_tok[k], res_top[k] = frozen_top(k, k == K - 1, lo[k], m[k], frozen_runs, frozen_tops, counts)
                 else:
