@@ -22,7 +22,7 @@ and the slots of the longest n-gram are sorted by follower token. Each bucket ge
 row (one cache line for S <= 184): its fill, per line of 8 slots the top 16 bits of the
 line's first slot (a fence), and a presence filter (FILTER_WORDS). A lookup reads the summary:
 a clear filter bit says the n-gram is absent, and no slot line is read; else the fences name
-the one or two slot lines where the shortest n-gram's run can start and end, and the runs of
+the slot lines where the shortest n-gram's run can lie (usually one or two), and the runs of
 all lengths are found by binary search (or, in a short range, by counting), nested. The n-gram count is
 the run's length. The most frequent follower comes from the few tokens of a short run (<
 SIDE_MIN_COUNT slots), and for a long run from the side table: for every n-gram with at
@@ -698,8 +698,9 @@ def fenced_range(f, below, at_most):
 def bucket_range(table, summary, part, b, key, sh0):
     """(start, length) of the slots of bucket (part, b) of a sealed index that can hold the run
     of `key`'s shortest n-gram, from the bucket's summary row: (0, 0) when the presence filter's
-    bit is clear (no slot line is read), else the fenced range, whose one or two slot lines are
-    prefetched. The fill is clamped to the slots: a corrupt summary cannot move a read out of
+    bit is clear (no slot line is read), else the fenced range, all of whose slot lines are
+    prefetched (a binary search over a long range reads lines between its ends, and had
+    waited for them: 0.91x on prose with all of them). The fill is clamped to the slots: a corrupt summary cannot move a read out of
     the row."""
     slots = table.shape[2]
     sm = summary[part, b]
@@ -708,9 +709,8 @@ def bucket_range(table, summary, part, b, key, sh0):
         return 0, 0
     below, at_most = fence_lines(sm, key)
     a, m = fenced_range(min(np.int64(sm[0]), slots), below, at_most)
-    prefetch3(table, part, b, a)
-    if m > SLOTS_PER_LINE:
-        prefetch3(table, part, b, a + m - 1)
+    for o in range(a, a + m, SLOTS_PER_LINE):  # a starts a line
+        prefetch3(table, part, b, o)
     return a, m
 
 
@@ -731,11 +731,12 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
 
     Positions are hashed and sorted in blocks of GROUP_BLOCK as for lookup_scan (sort_block),
     so buckets are read in address order and a repeated n-gram is searched once (a position
-    with the n-gram of the one before copies its results). In sorted order they go in groups
+    copies the results of the lengths whose key is the one before's, and searches on inside
+    their runs from the first length that differs). In sorted order they go in groups
     of PREFETCH_GROUP through four phases, so that each phase's cache misses overlap across
     the group: (1) hash, prefetch the first bucket's summary line;
     (2) read its filter bit (clear: nothing in this bucket, no slot line read) and its fences,
-    prefetch the slot lines where the shortest n-gram's run can start and end, and the second
+    prefetch the slot lines where the shortest n-gram's run can lie, and the second
     bucket's summary line when the first is full; (3) the same for the
     second bucket; (4) find the runs of every length (nested: each inside the last): counts
     are run lengths, top followers come from the side table (runs of >= SIDE_MIN_COUNT slots)
