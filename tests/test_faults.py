@@ -157,6 +157,7 @@ TRAINER = r"""
 import os, signal, sys, time
 from hints import Geometry
 from hints.background import BackgroundBuilder
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it even when the suite runs under nohup (SIGHUP ignored)
 files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
 # as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach
 handle = BackgroundBuilder(files, tokens, geometry=Geometry(4, 8, 16, (6, 10, 20)), name=name,
