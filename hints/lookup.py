@@ -423,11 +423,18 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                 pa = entry_partition(srt[s + GROUP_AHEAD], partition_bits)
                 if pa != entry_partition(srt[s + GROUP_AHEAD - 1], partition_bits) or c0 != (
                         skeys[s + GROUP_AHEAD - 1] >> sh0):  # a new n-gram
-                    b1, _ = bucket_pair(c0, bucket_bits)
+                    b1, b2 = bucket_pair(c0, bucket_bits)
                     fa = np.int64(fill[pa, b1])
-                    if fa < slots:  # a full bucket's n-gram is most likely frozen: its kept run is read instead
+                    if fa < slots:
                         for o in range(0, fa, SLOTS_PER_LINE):
                             prefetch3(table, pa, b1, o)
+                    else:  # both full: frozen, its kept run is read instead; else both buckets are gathered
+                        fb = np.int64(fill[pa, b2])
+                        if fb < slots:
+                            for o in range(0, fa, SLOTS_PER_LINE):
+                                prefetch3(table, pa, b1, o)
+                            for o in range(0, fb, SLOTS_PER_LINE):
+                                prefetch3(table, pa, b2, o)
             i = np.int64(srt[s] & U64(GROUP_BLOCK - 1))
             key, part = skeys[s], entry_partition(srt[s], partition_bits)
             j = t + i + 1
