@@ -425,16 +425,12 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
                         skeys[s + GROUP_AHEAD - 1] >> sh0):  # a new n-gram
                     b1, b2 = bucket_pair(c0, bucket_bits)
                     fa = np.int64(fill[pa, b1])
-                    if fa < slots:
+                    fb = np.int64(fill[pa, b2]) if fa >= slots else 0  # the second holds slots once the first is full
+                    if fa < slots or fb < slots:  # both full: frozen, its kept run is read instead
                         for o in range(0, fa, SLOTS_PER_LINE):
                             prefetch3(table, pa, b1, o)
-                    else:  # both full: frozen, its kept run is read instead; else both buckets are gathered
-                        fb = np.int64(fill[pa, b2])
-                        if fb < slots:
-                            for o in range(0, fa, SLOTS_PER_LINE):
-                                prefetch3(table, pa, b1, o)
-                            for o in range(0, fb, SLOTS_PER_LINE):
-                                prefetch3(table, pa, b2, o)
+                        for o in range(0, fb, SLOTS_PER_LINE):
+                            prefetch3(table, pa, b2, o)
             i = np.int64(srt[s] & U64(GROUP_BLOCK - 1))
             key, part = skeys[s], entry_partition(srt[s], partition_bits)
             j = t + i + 1
@@ -707,8 +703,8 @@ def bucket_range(table, summary, part, b, key, sh0):
     of `key`'s shortest n-gram, from the bucket's summary row: (0, 0) when the presence filter's
     bit is clear (no slot line is read), else the fenced range, all of whose slot lines are
     prefetched (a binary search over a long range reads lines between its ends, and had
-    waited for them: 0.91x on prose with all of them). The fill is clamped to the slots: a corrupt summary cannot move a read out of
-    the row."""
+    waited for them: 0.91x on prose with all of them). The fill is clamped to the slots: a
+    corrupt summary cannot move a read out of the row."""
     slots = table.shape[2]
     sm = summary[part, b]
     w, bit = filter_word_bit(key >> sh0, slots)

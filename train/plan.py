@@ -315,7 +315,7 @@ def tokens_on_disk(pattern):
     return sum(shard_token_count(f) for f in sorted(glob.glob(os.path.expanduser(pattern))) if os.path.isfile(f))
 
 
-def threads_per_core():
+def local_threads_per_core():
     """Hardware threads per physical core of this machine (the most any core has; 1 where /sys
     does not say)."""
     try:
@@ -330,7 +330,7 @@ def node_facts(hint_files, shm_dirs=(DEFAULT_SHM_DIR,), dataset_tokens=0):
     rest of a dataset of `dataset_tokens`."""
     on_disk = tokens_on_disk(hint_files)
     return dict(node_ram_bytes=available_memory_bytes() or 0, node_cores=len(os.sched_getaffinity(0)),
-                threads_per_core=threads_per_core(),
+                threads_per_core=local_threads_per_core(),
                 node_tokens=on_disk, shm_bytes=free_bytes(shm_dirs[0]),
                 shm_dirs=[(d, free_bytes(d)) for d in shm_dirs],
                 disk_bytes=free_bytes(os.path.dirname(hint_files) or "."),
@@ -370,7 +370,7 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
     index_in_memfd: the index lives in anonymous shared memory (the trainer's background
     builder), which only RAM bounds, instead of a file in /dev/shm or --hint-shm-dir.
     default_tokens: the corpus the plan starts from before halving (default the article's 37B)."""
-    other_node = any(getattr(args, k, None) is not None
+    other_node = any(getattr(args, k) is not None
                      for k in ("node_ram", "node_cores", "node_threads_per_core", "node_tokens", "node_shm"))
     kw = node_facts(hint_files, dataset_tokens=dataset_tokens)
     if args.node_ram is not None:
@@ -380,7 +380,7 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
         kw["shm_bytes"] = args.node_shm
     if args.node_cores is not None:
         kw["node_cores"] = args.node_cores
-    if getattr(args, "node_threads_per_core", None) is not None:
+    if args.node_threads_per_core is not None:
         kw["threads_per_core"] = args.node_threads_per_core
     elif other_node:
         kw["threads_per_core"] = RECORD_THREADS_PER_CORE
