@@ -15,6 +15,8 @@ a sealed one; with --record-step, the training-time hint work of one rank per st
 record's shape on one thread, with the floor under its stage 2 (random writes), and on the
 record's threads per rank (wall and CPU time); the copy bandwidth of 1 core
 and of 2 cores at once (the most a memory-bound step can gain from a second worker here); the
+compute ceiling, stage 1's hashing in cache on 1 thread and on 2 (the most a compute-bound step
+can gain from a second worker here); the
 host's memory latency (a pointer chase: what lookups wait on, and what moved most between
 runs on the same kind of machine); and
 from the from-shards rate a projection of the record's 37B-token build. Peak build memory is
@@ -33,7 +35,8 @@ import numpy as np
 
 from .geometry import Geometry
 from .index import HintIndex, alloc
-from .parallel import run_split
+from .kernels import HASH_BLOCK, hash_block
+from .parallel import line_aligned, run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
 
@@ -43,6 +46,10 @@ REPEATS = 5
 MIB = 1 << 20
 LATENCY_BYTES = 512 * MIB  # pointer chase for memory latency: far larger than any cache here
 LATENCY_READS = 1 << 20
+# The compute ceiling: each thread hashes its own CEILING_TOKENS tokens (L2-resident with their
+# buffers) CEILING_ROUNDS times: ~0.1 s of stage 1's hashing on one core, with no memory traffic.
+CEILING_TOKENS = 1 << 15
+CEILING_ROUNDS = 2000
 MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
 MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
 # The record's training-time hint work per step and rank (docs/design.md, "Performance"): look up
@@ -318,6 +325,50 @@ def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
 
 
 @numba.njit(cache=True, nogil=True)
+def hash_rounds(s, rounds, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
+    """Hash the positions of s (past the longest length) `rounds` times over with stage 1's
+    vectorised kernel (kernels.hash_block), into one block's buffers: compute, nothing read or
+    written outside the caches."""
+    acc = U64(0)
+    start = lengths[lengths.shape[0] - 1]
+    for _ in range(rounds):
+        for j in range(start, s.shape[0] - HASH_BLOCK + 1, HASH_BLOCK):
+            hash_block(s, j, j + HASH_BLOCK, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts)
+            acc ^= keys[0]
+    return acc
+
+
+def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOKENS, rounds=CEILING_ROUNDS):
+    """Positions hashed per second by 1 thread and by `workers` threads at once, each hashing its
+    own cache-resident copy of `tokens[:n]` with stage 1's kernel, alternated (after one untimed
+    round). No memory traffic and nothing shared: their ratio is what this machine's cores give a
+    second thread of the builder's own compute, the most a compute-bound build can gain from a
+    second worker. Where the host runs two vCPUs on one core's hardware threads, or takes one
+    away now and then, it is well under 2."""
+    ix = HintIndex(dataclasses.replace(geom, partition_bits=0, bucket_bits=1, slots=8))  # for its hash constants
+    src = np.resize(tokens, n)  # n tokens (a short stream repeated)
+    bufs = []
+    for _ in range(workers):
+        s = line_aligned(src.shape, np.uint16)
+        s[:] = src
+        bufs.append((s, line_aligned((HASH_BLOCK + max(geom.lengths) + 1,), np.uint64),
+                     line_aligned((HASH_BLOCK,), np.uint64), line_aligned((HASH_BLOCK,), np.uint64)))
+
+    def work(r, *_):
+        s, prefix, keys, parts = bufs[r]
+        return hash_rounds(s, rounds, ix._lengths, ix._pows, geom.partition_bits, ix._bits, ix._shifts, prefix, keys,
+                           parts)
+
+    per_thread = rounds * (src.size - max(geom.lengths)) // HASH_BLOCK * HASH_BLOCK
+    figs = {w: Figure(f"compute ceiling: stage 1's hashing in cache, {w} thread(s)", "pos/s", per_thread * w, w)
+            for w in sorted({1, workers})}
+    alternate(figs, lambda w: timed(lambda: run_split(work, w, w))[:2] + (None,), repeats)
+    for w, fig in figs.items():
+        log(f"  compute ceiling (stage 1's hashing in cache), {w} thread(s): {fig.text(digits=0)}")
+    return figs
+
+
+@numba.njit(cache=True, nogil=True)
 def chase(nxt, n):
     """Follow n links of nxt from 0: each read's address is the last read's value."""
     i = 0
@@ -449,10 +500,13 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for w, fig in memcpy_bandwidth(log, workers, repeats=repeats).items():
         figs[f"memcpy_{w}w"] = fig
         res["figures"][f"memcpy_{w}w"] = fig.summary()
+    for w, fig in compute_ceiling(train, geom, log, workers, repeats=repeats).items():
+        figs[f"ceiling_{w}w"] = fig
+        res["figures"][f"ceiling_{w}w"] = fig.summary()
     res["figures"]["latency"] = memory_latency(log, repeats=repeats).summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
-    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy"):
+    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling"):
         if f"{key}_{workers}w" in figs and workers > 1:
             runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(figs[f"{key}_1w"].rates)
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))

@@ -74,7 +74,8 @@ def test_scaling_and_bench(shards, tmp_path):
                   "--ref-tokens", "5000", "--query-tokens", "5000", "--geometry", "4,12,176", "--json", str(tmp_path / "b.json"))
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["ratios"]["build_1w_vs_ref"] > 1 and "ratios" in r.stdout and "memory latency" in r.stdout
-    for key in ("ref_build", "build_1w", "build_2w", "shards_2w", "seal", "lookup_scan_1w", "lookup_sealed_2w", "latency"):
+    for key in ("ref_build", "build_1w", "build_2w", "shards_2w", "seal", "lookup_scan_1w", "lookup_sealed_2w", "latency",
+                "ceiling_1w", "ceiling_2w"):
         fig = res["figures"][key]
         assert fig["repeats"] == 2 and fig["min"] <= fig["median"] <= fig["max"], key
     mem = res["memory"]  # the 92 MiB table is pre-faulted, so it shows in the peak, and little else does
