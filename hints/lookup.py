@@ -34,7 +34,7 @@ import numpy as np
 
 from .geometry import CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE, TOKEN_BITS
 from .kernels import (HASH_BLOCK, bucket_pair, fmix64, hash_block, init_states, prefetch2, prefetch3,
-                      roll, slot_key)
+                      roll, slot_key, unmanaged)
 from .parallel import line_aligned
 
 U64 = np.uint64
@@ -400,6 +400,13 @@ def lookup_scan(t0, t1, q, table, fill, lengths, pows, partition_bits, bucket_bi
     """
     K = lengths.shape[0]
     slots = table.shape[2]
+    q, table, fill, out_token, out_count, out_top = (unmanaged(q), unmanaged(table), unmanaged(fill),
+                                                     unmanaged(out_token), unmanaged(out_count), unmanaged(out_top))
+    counts, runs, keys, parts, order, spare, hist, prefix = (unmanaged(counts), unmanaged(runs), unmanaged(keys),
+                                                             unmanaged(parts), unmanaged(order), unmanaged(spare),
+                                                             unmanaged(hist), unmanaged(prefix))
+    small_i, small_u, frozen_runs, frozen_tops = unmanaged(small_i), unmanaged(small_u), unmanaged(frozen_runs), unmanaged(
+        frozen_tops)
     clear_outputs(t0, t1, out_token, out_count, out_top)
     t = max(t0, lengths[0] - 1)  # earlier positions have no n-gram of any length
     r, sh = small_u[0], small_u[1]
@@ -567,6 +574,7 @@ def seal_partitions(p0, p1, table, fill, bucket_bits, shifts, bits, first_pass, 
     K = shifts.shape[0]
     sh0 = U64(shifts[0])
     low0 = (U64(1) << sh0) - U64(1)
+    table, fill, summary, run = unmanaged(table), unmanaged(fill), unmanaged(summary), unmanaged(run)
     for p in range(p0, p1):
         tp, fp = table[p], fill[p]
         if first_pass:
@@ -747,6 +755,11 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
     """
     K = lengths.shape[0]
     slots = table.shape[2]
+    q, table, summary, out_token, out_count, out_top = (unmanaged(q), unmanaged(table), unmanaged(summary),
+                                                        unmanaged(out_token), unmanaged(out_count), unmanaged(out_top))
+    toks, keys, parts, order, spare, hist, prefix = (unmanaged(toks), unmanaged(keys), unmanaged(parts), unmanaged(order),
+                                                     unmanaged(spare), unmanaged(hist), unmanaged(prefix))
+    small_i, small_u = unmanaged(small_i), unmanaged(small_u)
     clear_outputs(t0, t1, out_token, out_count, out_top)
     t = max(t0, lengths[0] - 1)
     if t >= t1:
