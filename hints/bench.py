@@ -35,7 +35,7 @@ import numpy as np
 
 from .geometry import Geometry
 from .index import HintIndex, alloc
-from .kernels import HASH_BLOCK, hash_block
+from .kernels import HASH_BLOCK, hash_block, unmanaged
 from .parallel import line_aligned, run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
@@ -329,6 +329,7 @@ def hash_rounds(s, rounds, lengths, pows, partition_bits, bits, shifts, prefix, 
     """Hash the positions of s (past the longest length) `rounds` times over with stage 1's
     vectorised kernel (kernels.hash_block), into one block's buffers: compute, nothing read or
     written outside the caches."""
+    s, prefix = unmanaged(s), unmanaged(prefix)  # as stage 1 takes its slices (kernels.unmanaged)
     acc = U64(0)
     start = lengths[lengths.shape[0] - 1]
     for _ in range(rounds):
