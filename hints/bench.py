@@ -72,9 +72,11 @@ NODE_BANDWIDTH = 600e9
 #   read: token from the shard (2) + copy into the stream buffer (2 + 2)                =   6
 #   stage 1: slot written to its staging block (8: a whole burst line at a time, with a
 #            non-temporal store, so the block's line is not read first)                   =   8
-#   stage 2: slot read back (8) + its bucket's line read and written back (64 + 64)        = 136
+#   stage 2: slot read back (8) + one write of its bucket's line (64: a non-temporal store,
+#            so the line is not read first; slots of one bucket lie ~16k slots apart in
+#            the stream, too far to merge in a write-combining buffer)                     =  72
 # (burst lines keep stage 1's scatter in L2; stage 2 writes one slot into a random line).
-BYTES_PER_TOKEN = 6 + 8 + 136
+BYTES_PER_TOKEN = 6 + 8 + 72
 
 
 def _peak_rss():
