@@ -346,8 +346,8 @@ def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOK
     own cache-resident copy of `tokens[:n]` with stage 1's kernel, alternated (after one untimed
     round). No memory traffic and nothing shared: their ratio is what this machine's cores give a
     second thread of the builder's own compute, the most a compute-bound build can gain from a
-    second worker. Where the host runs two vCPUs on one core's hardware threads, or takes one
-    away now and then, it is well under 2."""
+    second worker. Where one thread alone runs at a higher clock than each of two, or the host
+    takes a vCPU away now and then, it is well under 2 (docs/performance.md)."""
     ix = HintIndex(dataclasses.replace(geom, partition_bits=0, bucket_bits=1, slots=8))  # for its hash constants
     src = np.resize(tokens, n)  # n tokens (a short stream repeated)
     bufs = []

@@ -463,7 +463,7 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf):
     memory first, so the store leaves the store buffer without waiting for it, and with
     slots landing on random lines of a partition far larger than the cache, nothing is lost
     by not keeping it. Stage 2 against plain stores (in-process A/B): the record step's
-    0.88-0.90x, a build at 16 partitions 0.74x (2 workers 0.88x), at 2^14 0.90x (0.91x).
+    0.88-0.93x, a build at 16 partitions 0.74x (2 workers 0.88x), at 2^14 0.90x (0.91x).
     Prefetching the slots' table lines instead made stage 2 slower at every geometry we
     measured (1.3-1.38x on the record's add)."""
     drops = 0
