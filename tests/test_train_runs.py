@@ -69,7 +69,8 @@ def losses(summary):
 
 
 def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
-    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3")
+    # the per-length hints' n-grams run across rank slices: 2 x 2 sequences hint like 1 x 4
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "lengths")
     run(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
     run(common + ["--batch-size", "4", "--summary-json", str(tmp_path / "one.json")])
     two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
@@ -81,6 +82,18 @@ def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
     assert abs(two["val_loss_hints"] - one["val_loss_hints"]) < 1e-4
     assert abs(two["val_loss_nohints"] - one["val_loss_nohints"]) < 1e-4
     assert two["hint_tokens_train"] == one["hint_tokens_train"] == 6 * 256  # every rank saw the global stream
+
+
+def test_record_hints_two_gloo_ranks(corpus, tmp_path):
+    """The record's representation over two gloo ranks: one positional index (local rank 0 builds it,
+    both map it), the ranks stay in sync, the hinted validation runs, and the hint path trains."""
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "record")
+    s = train(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
+    assert s["world_size"] == 2 and s["ranks_in_sync"] and s["hint_repr"] == "record"
+    assert s["hint_tokens_train"] == 6 * 256 and s["positional_build_s"] is not None
+    assert [p[0] for p in s["positional_phases"]] == [6 * 256]  # one phase: the run is shorter than 8 steps
+    assert s["val_loss_hints"] is not None and s["val_index"] == "training"
+    assert sorted(losses(s)) == list(range(1, 7))
 
 
 def test_resume_continues_exactly(corpus, tmp_path):
@@ -301,7 +314,7 @@ def test_switch_to_the_background_index_midway(corpus, tmp_path):
     write_shard(other / "train_000000.bin", rng.integers(0, VOCAB, 20_000))
     write_manifest(other)
     common = tiny_args(corpus, tmp_path, "--batch-size", "2", "--val-every", "0", "--log-every", "10",
-                       "--switch-hints-at", "10") + ["--hint-tokens", "20000"]
+                       "--switch-hints-at", "10", "--hint-repr", "lengths") + ["--hint-tokens", "20000"]
     # 400 steps (~15 s): the builder's start (a fresh interpreter loading Numba) is ready well before
     s = train(common + ["--steps", "400", "--hint-files", str(other / "train_*.bin"), "--summary-json",
                         str(tmp_path / "s.json")])

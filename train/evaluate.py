@@ -4,6 +4,9 @@
 batches of it. `evaluate` runs the model over this rank's share with hints from an index (their
 lookups cached per index state in a `ValHintCache` the run owns) and, when asked, without hints.
 `validate` is one validation of a run: the index train/val_hints.py picks, both losses, a log line.
+In the record's representation (`record=True`) the hints are Cells (hints/cells.py): the index's
+`lookup_cells` over this rank's span as one segment (n-grams restart at its start and at every BOS),
+keeping 8 followers a position (the record's validation setting).
 """
 import time
 
@@ -12,8 +15,13 @@ import torch
 
 from data.loader import read_tokens
 from data.units import human_tokens
+from hints.cells import BOS
 from model import autocast_context
+from train.positional_hints import cells_to_arrays
 from train.val_hints import ValSource, pick_index, wait_for_background
+
+# Distinct followers kept per validation position in the record's representation (the record's 8).
+VAL_FOLLOWERS = 8
 
 
 def read_val_tokens(val_files, n_tokens):
@@ -41,27 +49,33 @@ class ValHintCache:
     def __init__(self, size=2):
         self.size, self.entries = size, {}
 
-    def get(self, index, val_tokens, start, stop):
-        """(n, K) int32 hinted tokens and int16 kinds for val positions [start, stop)."""
-        key = (id(index), int(index.tokens_added), id(val_tokens), start, stop)
+    def get(self, index, val_tokens, start, stop, record=False):
+        """The hints of val positions [start, stop) as arrays of n rows: (n, K) int64 hinted tokens
+        and kinds; record: (n, F) followers, (n,) cells and (n, F) float32 counts."""
+        key = (id(index), int(index.tokens_added), id(val_tokens), start, stop, record)
         hit = self.entries.get(key)
         if hit is not None:
-            return hit[1], hit[2]
-        h = index.lookup_span(val_tokens, start, stop)
-        tok, kind = np.ascontiguousarray(h.token.T), np.ascontiguousarray(h.kind.T)
+            return hit[1]
+        if record:
+            cells = index.lookup_cells(val_tokens[start:stop], max_followers=VAL_FOLLOWERS, boundary=BOS)
+            arrays = tuple(a.reshape(stop - start, *a.shape[2:]) for a in cells_to_arrays(cells, 1, stop - start))
+        else:
+            h = index.lookup_span(val_tokens, start, stop)
+            arrays = tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
         while len(self.entries) >= self.size:
             self.entries.pop(next(iter(self.entries)))
-        self.entries[key] = (index, tok, kind)
-        return tok, kind
+        self.entries[key] = (index, arrays)
+        return arrays
 
 
 @torch.no_grad()
-def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None, also_without_hints=True):
+def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None, also_without_hints=True, record=False):
     """Mean val loss over all ranks with hints from `index` (None: no hinted pass) and, when
     `also_without_hints`, without hints.
 
     val_tokens: the whole val stream (uint16); each rank takes an equal run of sequences of
-    seq_len (+1 target). Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
+    seq_len (+1 target). record: the hints are Cells (the module docstring).
+    Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
     """
     device = dist.device
     first, n_seq, bs = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
@@ -69,7 +83,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
     lookup_s = 0.0
     if index is not None:
         t0 = time.perf_counter()
-        tok, kind = (cache or ValHintCache()).get(index, val_tokens, start, stop)
+        arrays = (cache or ValHintCache()).get(index, val_tokens, start, stop, record)
         lookup_s = time.perf_counter() - t0
     was_training = model.training
     model.eval()
@@ -82,11 +96,10 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
         with autocast_context(device):
             if also_without_hints:
                 sums[1] += model(x, y).double()
-            if index is not None:
-                K = tok.shape[1]
-                ht = torch.from_numpy(tok[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
-                hk = torch.from_numpy(kind[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
-                sums[0] += model(x, y, ht, hk).double()
+            if index is not None:  # (tokens, kinds) or (followers, cells, weights), rows lo..hi of the span
+                hints = [torch.from_numpy(a[lo - start:hi - start]).view(bs, seq_len, *a.shape[1:]).to(device)
+                         for a in arrays]
+                sums[0] += model(x, y, *hints).double()
         sums[2] += 1
     dist.all_sum(sums)
     model.train(was_training)
@@ -97,7 +110,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
 
 
 def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
-             seq_len, batch_size, dist, cache, log, exact=None):
+             seq_len, batch_size, dist, cache, log, exact=None, record=False):
     """One validation of a run: at the end, wait for a late background index (up to bg_wait
     seconds); pick the index on every rank alike; evaluate with and without hints; log one line.
     with_background: the run asked for a background index (the same on every rank, even where
@@ -112,7 +125,8 @@ def validate(model, val_tokens, *, step, total, with_background, background, bg_
         if with_background and step == total and bg_wait > 0:
             waited = wait_for_background(background, bg_wait, dist, log)
         source, index = pick_index(with_background, background, val_index, train_index, dist)
-    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache)
+    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache,
+                   record=record)
     n = int(index.tokens_added) if index is not None else 0
     res.update(index=source.kind, index_reason=source.reason, index_tokens=n, bg_wait_s=waited,
                index_desc=f"{source.kind or 'none'}, {human_tokens(n)} tokens")
