@@ -1,0 +1,414 @@
+"""PositionalIndex: the exact training-time index over the known training stream, filtered by position.
+
+The loader fixes the training stream's order at the start, so one index over all of it can be
+built ahead of the GPU (by local rank 0, in phases: up to step 8, 32, then all) and mapped
+read-only by the other ranks of the node. Every entry carries its stream position, so a lookup
+for step s counts only occurrences whose follower lies before `before` = step s's first token
+(all ranks' earlier batches), at most the `cap` most recent ones (the record's 96). Step 0 gets
+no hints. N-grams restart at every BOS and at every `segment` tokens (each rank's slice of a
+step), in the index and in the query (hints.cells says the rule exactly).
+
+Layout (one entry per stream position j whose shortest n-gram exists and has a follower in the
+indexed prefix): `keys` (the top KEY_BITS of the n-gram's 64-bit hash) and `pos` (j), sorted by
+key and, within a key, by position (a stable LSD radix sort of entries made in stream order);
+`directory[b]` is the first entry whose key's top `dir_bits` bits are >= b. The stream prefix and
+its reach (uint8) are kept: a lookup compares tokens.
+
+Exactness: the hash only groups entries. Every candidate is compared token by token with the
+query (its shortest n-gram first, then as deep as the longest length): a collision of two
+different n-grams' keys (expected ~ d^2 / 2^(KEY_BITS+1) pairs among d distinct n-grams: about
+11 at d = 10^7) costs a comparison and never changes a result, and the cap counts only true
+occurrences. So a lookup equals `hints.reference.reference_cells` exactly; the tests check it.
+
+Files: `save(path)` writes header + arrays page-aligned (a path under /dev/shm is shared memory),
+to a temporary name then renamed, so a reader never sees a half-written phase; `load(path)` maps
+them read-only (np.memmap: no copy, O(header) time). `build_phases` writes one file per phase.
+
+NumPy + Numba only.
+"""
+import glob
+import os
+import struct
+import time
+
+import numba
+import numpy as np
+
+from . import kernels
+from .cells import (BOS, Cells, check_boundary, check_max_followers, reach_into, top_followers,
+                    with_kinds, empty_cells)
+from .geometry import DEFAULT_LENGTHS, MAX_LENGTH
+
+U64 = np.uint64
+KEY_BITS = 42            # bits of the shortest n-gram's hash kept per entry (3 radix passes of 14)
+RADIX_BITS = 14          # digit of the LSD radix sort: 16k counters (64 KiB of int32, L2-resident)
+MIN_DIR_BITS = 8
+MAX_DIR_BITS = 26        # at most 2^26 directory entries (256 MiB of int32 is too much; 2^26 x 4 B = 256 MiB)
+DEFAULT_CAP = 96         # occurrences a position is resolved against, the most recent (the record's)
+TRAIN_FOLLOWERS = 2      # distinct followers kept per training position (cells_interface: training 2)
+MAGIC = b"NGPOSIDX"
+VERSION = 1
+PAGE = 4096
+# magic, version, n_lengths, lengths[8], boundary, segment, tokens, entries, dir_bits, key_bits
+_HEADER = struct.Struct("<8sII8IqqqqII")
+HEADER_BYTES = PAGE
+
+
+def dir_bits_for(n_entries):
+    """Directory bits: about one entry per directory slot, within [MIN_DIR_BITS, MAX_DIR_BITS]."""
+    b = max(1, int(n_entries)).bit_length()
+    return max(MIN_DIR_BITS, min(MAX_DIR_BITS, b))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def ngram_hash(s, j, length):
+    """64-bit hash of s[j-length+1 .. j] (a polynomial of the ids, then fmix64)."""
+    r = U64(0)
+    for k in range(j - length + 1, j + 1):
+        r = r * kernels.HASH_MULT + U64(s[k]) + U64(1)
+    return kernels.fmix64(r + kernels.SEED_MULT)
+
+
+@numba.njit(cache=True, nogil=True)
+def make_entries(s, rs, upto, L0, key_bits, keys, pos):
+    """Entries of every j < upto - 1 whose shortest n-gram exists (rs[j] >= L0), in stream order.
+    Returns their number."""
+    n = 0
+    shift = U64(64 - key_bits)
+    for j in range(L0 - 1, upto - 1):
+        if rs[j] >= L0:
+            keys[n] = ngram_hash(s, j, L0) >> shift
+            pos[n] = j
+            n += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def radix_sort(keys, pos, n, key_bits, tk, tp):
+    """Stable LSD radix sort of (keys, pos)[:n] by keys; the result ends in keys, pos."""
+    digits = 1 << RADIX_BITS
+    mask = U64(digits - 1)
+    hist = np.zeros(digits, np.int64)
+    src_k, src_p, dst_k, dst_p = keys, pos, tk, tp
+    passes = (key_bits + RADIX_BITS - 1) // RADIX_BITS
+    for d in range(passes):
+        sh = U64(d * RADIX_BITS)
+        hist[:] = 0
+        for i in range(n):
+            hist[(src_k[i] >> sh) & mask] += 1
+        total = 0
+        for b in range(digits):
+            c = hist[b]
+            hist[b] = total
+            total += c
+        for i in range(n):
+            b = (src_k[i] >> sh) & mask
+            o = hist[b]
+            dst_k[o] = src_k[i]
+            dst_p[o] = src_p[i]
+            hist[b] = o + 1
+        src_k, src_p, dst_k, dst_p = dst_k, dst_p, src_k, src_p
+    if passes % 2 == 1:
+        keys[:n] = src_k[:n]
+        pos[:n] = src_p[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def make_directory(keys, n, key_bits, dir_bits, directory):
+    """directory[b] = first entry whose key's top dir_bits bits are >= b (b = 0 .. 2^dir_bits)."""
+    sh = U64(key_bits - dir_bits)
+    m = directory.shape[0] - 1
+    i = 0
+    for b in range(m + 1):
+        while i < n and np.int64(keys[i] >> sh) < b:
+            i += 1
+        directory[b] = i
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup_kernel(q, rq, s, rs, keys, pos, directory, key_bits, dir_bits, lengths, last, cap,
+                  depth, count, out_tok, out_cnt, top):
+    """Cells of every query position (hints.cells; module docstring). last = the largest stream
+    position whose follower is before `before` (entries j <= last count); cap <= 0: no cap."""
+    L0 = lengths[0]
+    Lmax = lengths[lengths.shape[0] - 1]
+    K = lengths.shape[0]
+    F = out_tok.shape[1]
+    shift = U64(64 - key_bits)
+    dsh = U64(key_bits - dir_bits)
+    ncap = cap if cap > 0 else keys.shape[0]
+    cand_m = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
+    cand_t = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
+    toks = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
+    for t in range(q.shape[0]):
+        depth[t] = -1
+        count[t] = 0
+        for f in range(F):
+            out_tok[t, f] = -1
+            out_cnt[t, f] = 0
+        if rq[t] < L0 or last < 0:
+            continue
+        key = ngram_hash(q, t, L0) >> shift
+        b = np.int64(key >> dsh)
+        lo = directory[b]
+        hi = directory[b + 1]
+        # the key's run: [lo, hi) with keys == key (binary searches; runs are sorted by key)
+        a, z = lo, hi
+        while a < z:
+            mid = (a + z) >> 1
+            if keys[mid] < key:
+                a = mid + 1
+            else:
+                z = mid
+        lo = a
+        z = hi
+        while a < z:
+            mid = (a + z) >> 1
+            if keys[mid] <= key:
+                a = mid + 1
+            else:
+                z = mid
+        hi = a
+        # within it, positions ascend: the first entry past `last`
+        a, z = lo, hi
+        while a < z:
+            mid = (a + z) >> 1
+            if pos[mid] <= last:
+                a = mid + 1
+            else:
+                z = mid
+        m = 0
+        deepest = 0
+        i = a - 1
+        while i >= lo and m < ncap:
+            j = np.int64(pos[i])
+            i -= 1
+            # compare backward: the shortest n-gram must agree (else a key collision), then further
+            lim = min(Lmax, min(np.int64(rq[t]), np.int64(rs[j])))
+            g = 0
+            while g < lim and s[j - g] == q[t - g]:
+                g += 1
+            if g < L0:
+                continue
+            cand_m[m] = g
+            cand_t[m] = s[j + 1]
+            m += 1
+            deepest = max(deepest, g)
+        if m == 0:
+            continue
+        d = 0
+        for k in range(K):
+            if lengths[k] <= deepest:
+                d = k
+        need = lengths[d]
+        c = 0
+        for x in range(m):
+            if cand_m[x] >= need:
+                toks[c] = cand_t[x]
+                c += 1
+        depth[t] = d
+        count[t] = c
+        top[t] = top_followers(toks, c, F, out_tok, out_cnt, t)
+
+
+def _as_stream(tokens, name):
+    a = np.asarray(tokens)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{name}: expected a 1-D array of integer token ids, got shape {a.shape} dtype {a.dtype}")
+    if a.dtype != np.uint16:
+        if a.size and (a.min() < 0 or a.max() > 0xFFFF):
+            raise ValueError(f"{name}: token ids must be in [0, 65535], found [{a.min()}, {a.max()}]")
+        a = a.astype(np.uint16)
+    return np.ascontiguousarray(a)
+
+
+def _check_lengths(lengths):
+    lengths = tuple(int(v) for v in lengths)
+    if not lengths or len(lengths) > 8 or lengths[0] < 1 or lengths[-1] > MAX_LENGTH or any(
+            b <= a for a, b in zip(lengths, lengths[1:])):
+        raise ValueError(f"lengths={lengths}: expected 1-8 strictly increasing n-gram lengths in [1, {MAX_LENGTH}]")
+    return lengths
+
+
+class PositionalIndex:
+    """Exact positional index over a prefix of a known stream (module docstring).
+
+    idx = PositionalIndex.build(stream, segment=B*T, upto=None)   # upto: tokens indexed (default all)
+    cells = idx.lookup_cells(tokens, before, cap=96, max_followers=2, boundary=BOS)
+    idx.save(path); PositionalIndex.load(path)                      # read-only mapping
+    """
+
+    def __init__(self, stream, reach, keys, pos, directory, lengths, boundary, segment, dir_bits,
+                 key_bits=KEY_BITS, path=None, build_s=None):
+        self.stream, self.reach, self.keys, self.pos, self.directory = stream, reach, keys, pos, directory
+        self.lengths, self.boundary, self.segment = tuple(lengths), boundary, segment
+        self.dir_bits, self.key_bits = dir_bits, key_bits
+        self.path, self.build_s = path, build_s
+
+    @property
+    def tokens(self):
+        """Tokens of the stream indexed: lookups may ask for any `before` <= this."""
+        return int(self.stream.shape[0])
+
+    @property
+    def entries(self):
+        return int(self.keys.shape[0])
+
+    @classmethod
+    def build(cls, stream, segment=0, upto=None, lengths=DEFAULT_LENGTHS, boundary=BOS):
+        """Index stream[:upto] (all when None); n-grams restart at each multiple of `segment`
+        (0: never) and at every `boundary` token (None: never)."""
+        t0 = time.perf_counter()
+        lengths = _check_lengths(lengths)
+        boundary = check_boundary(boundary)
+        stream = _as_stream(stream, "stream")
+        upto = stream.shape[0] if upto is None else int(upto)
+        if not 0 <= upto <= stream.shape[0]:
+            raise ValueError(f"upto={upto}: expected 0 <= upto <= len(stream) = {stream.shape[0]}")
+        if upto >= 1 << 32:
+            raise ValueError(f"upto={upto}: positions are uint32, at most 2^32 - 1 tokens")
+        segment = int(segment)
+        if segment < 0:
+            raise ValueError(f"segment={segment}: expected tokens per rank slice (> 0) or 0 for none")
+        s = np.array(stream[:upto], dtype=np.uint16)
+        rs = np.empty(upto, np.uint8)
+        reach_into(s, boundary, segment, lengths[-1], rs)
+        n_max = max(0, upto - 1)
+        keys, pos = np.empty(n_max, np.uint64), np.empty(n_max, np.uint32)
+        n = make_entries(s, rs, upto, lengths[0], KEY_BITS, keys, pos)
+        tk, tp = np.empty(n, np.uint64), np.empty(n, np.uint32)
+        radix_sort(keys, pos, n, KEY_BITS, tk, tp)
+        del tk, tp
+        keys, pos = keys[:n].copy(), pos[:n].copy()
+        dir_bits = dir_bits_for(n)
+        directory = np.empty((1 << dir_bits) + 1, np.int64)
+        make_directory(keys, n, KEY_BITS, dir_bits, directory)
+        return cls(s, rs, keys, pos, directory, lengths, boundary, segment, dir_bits,
+                   build_s=time.perf_counter() - t0)
+
+    def lookup_cells(self, tokens, before, cap=DEFAULT_CAP, max_followers=TRAIN_FOLLOWERS, boundary=BOS):
+        """Cells of every position of `tokens` (one segment: n-grams restart at its start and at
+        each `boundary` token) from the occurrences whose follower lies before stream position
+        `before`, at most the `cap` most recent (None: all) of each shortest n-gram."""
+        q = _as_stream(tokens, "tokens")
+        F = check_max_followers(max_followers)
+        b = check_boundary(boundary)
+        if b != self.boundary:
+            raise ValueError(f"boundary={boundary!r}: this index was built with boundary {self.boundary} "
+                             "(the query and the index must restart alike)")
+        before = int(before)
+        if before < 0:
+            raise ValueError(f"before={before}: expected a stream position >= 0")
+        if before > self.tokens:
+            raise ValueError(f"before={before}: this index holds only the stream's first {self.tokens:,} tokens "
+                             "(wait for the phase that covers it)")
+        if cap is not None and int(cap) < 1:
+            raise ValueError(f"cap={cap!r}: expected an integer >= 1 (the record's 96) or None for all")
+        n = q.shape[0]
+        if n == 0:
+            return empty_cells(0, F)
+        rq = np.empty(n, np.uint8)
+        reach_into(q, b, 0, self.lengths[-1], rq)
+        depth = np.empty(n, np.int8)
+        count = np.empty(n, np.int32)
+        out_tok = np.empty((n, F), np.int32)
+        out_cnt = np.empty((n, F), np.int32)
+        top = np.zeros(n, np.int32)
+        lookup_kernel(q, rq, self.stream, self.reach, self.keys, self.pos, self.directory, self.key_bits,
+                      self.dir_bits, np.array(self.lengths, np.int64), before - 2, 0 if cap is None else int(cap),
+                      depth, count, out_tok, out_cnt, top)
+        return with_kinds(depth, count, out_tok, out_cnt)
+
+    # ---- files --------------------------------------------------------------------------------
+    def _arrays(self):
+        return [("stream", self.stream), ("reach", self.reach), ("keys", self.keys), ("pos", self.pos),
+                ("directory", self.directory)]
+
+    def save(self, path):
+        """Write the index to `path` (temporary name, then an atomic rename)."""
+        path = os.fspath(path)
+        lengths = list(self.lengths) + [0] * (8 - len(self.lengths))
+        header = _HEADER.pack(MAGIC, VERSION, len(self.lengths), *lengths, self.boundary, self.segment,
+                              self.tokens, self.entries, self.dir_bits, self.key_bits)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(header.ljust(HEADER_BYTES, b"\0"))
+            for _, a in self._arrays():
+                f.write(b"\0" * (-f.tell() % PAGE))
+                f.write(np.ascontiguousarray(a).tobytes())
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path):
+        """Map a saved index read-only (no copy; another process may map the same file)."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEADER.size)
+        except OSError as e:
+            raise FileNotFoundError(f"{path}: cannot read a positional index ({e.strerror})") from None
+        if len(head) < _HEADER.size or head[:8] != MAGIC:
+            raise ValueError(f"{path}: not a positional hint index (bad magic)")
+        magic, version, nl, *rest = _HEADER.unpack(head)
+        if version != VERSION:
+            raise ValueError(f"{path}: positional index version {version}, expected {VERSION}")
+        lengths, (boundary, segment, tokens, entries, dir_bits, key_bits) = rest[:nl], rest[8:]
+        shapes = [("stream", np.uint16, tokens), ("reach", np.uint8, tokens), ("keys", np.uint64, entries),
+                  ("pos", np.uint32, entries), ("directory", np.int64, (1 << dir_bits) + 1)]
+        size, off, arrays = os.path.getsize(path), HEADER_BYTES, {}
+        for name, dtype, n in shapes:
+            off += -off % PAGE
+            nbytes = n * np.dtype(dtype).itemsize
+            if off + nbytes > size:
+                raise ValueError(f"{path}: truncated positional index ({name} ends past the file's {size} bytes)")
+            arrays[name] = (np.memmap(path, dtype=dtype, mode="r", offset=off, shape=(n,)) if n
+                            else np.zeros(0, dtype))
+            off += nbytes
+        return cls(arrays["stream"], arrays["reach"], arrays["keys"], arrays["pos"], arrays["directory"],
+                   lengths, boundary, segment, dir_bits, key_bits, path=path)
+
+    def __repr__(self):
+        return (f"PositionalIndex({self.tokens:,} tokens, {self.entries:,} entries, lengths={self.lengths}, "
+                f"segment={self.segment}, boundary={self.boundary})")
+
+
+def phase_ends(steps, global_tokens, phases=(8, 32)):
+    """Stream ends of the build phases: the tokens before each phase's last step (up to steps 8,
+    32, then all, as the record), each covering the lookups of the steps up to it."""
+    ends = [int(p) * int(global_tokens) for p in phases if p < steps] + [int(steps) * int(global_tokens)]
+    return sorted(set(ends))
+
+
+def phase_path(directory, end):
+    return os.path.join(directory, f"positional-{end:015d}.idx")
+
+
+def build_phases(stream, ends, directory, segment=0, lengths=DEFAULT_LENGTHS, boundary=BOS, log=None):
+    """Build and save one index per phase end (in order), each published by an atomic rename as
+    soon as it is done; returns the paths. Readers take the newest phase that covers them
+    (`load_covering`)."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for end in ends:
+        idx = PositionalIndex.build(stream, segment=segment, upto=end, lengths=lengths, boundary=boundary)
+        paths.append(idx.save(phase_path(directory, end)))
+        if log:
+            log(f"positional index phase: {end:,} tokens, {idx.entries:,} entries, built in {idx.build_s:.2f}s")
+    return paths
+
+
+def load_covering(directory, before, timeout=None, poll=0.01):
+    """The saved phase with the fewest tokens >= `before` (waits up to `timeout` seconds for it:
+    None waits forever)."""
+    t0 = time.perf_counter()
+    while True:
+        ends = sorted(int(os.path.basename(p)[11:26]) for p in glob.glob(os.path.join(directory, "positional-*.idx")))
+        ok = [e for e in ends if e >= before]
+        if ok:
+            return PositionalIndex.load(phase_path(directory, ok[0]))
+        if timeout is not None and time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"{directory}: no positional index phase covers stream position {before:,} "
+                               f"after {timeout}s (phases so far end at {ends})")
+        time.sleep(poll)
