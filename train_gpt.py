@@ -266,7 +266,7 @@ def main(argv=None):
     if geom or positional or args.val_index or args.val_hints == "background":
         log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
             f"Numba's cache; untimed)")
-    val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
+    val_index = open_val_index(args.val_index, lengths, log, record=args.hint_repr == "record") if args.val_index else None
     background, exact, builder_cpus = None, None, None
     with_background = args.val_hints == "background" and args.hint_tokens > 0
     if args.switch_hints_at and (not with_background or set(resolve_files(hint_files)) & set(resolve_files(train_files))):
@@ -295,7 +295,8 @@ def main(argv=None):
 
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
-        warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index or positional else None
+        warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else (
+            positional.trained(1) if positional else None)  # hints for the warm-up's validation graph
         warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size,
                                               align_to_documents=args.align_documents),
                         None if positional else warm_index, d.rank, d.world_size, pin=d.cuda, positional=positional)

@@ -13,8 +13,19 @@ from typing import NamedTuple
 
 from data.loader import iter_tokens
 from hints import HintIndex
+from hints.cells import BOS
+from hints.positional import DEFAULT_CAP, PositionalIndex
+from hints.positional import MAGIC as POSITIONAL_MAGIC
 from hints.background import start_for_node
 from train.placement import lower_priority
+
+def _is_positional(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(POSITIONAL_MAGIC)) == POSITIONAL_MAGIC
+    except OSError as e:
+        raise SystemExit(f"error: --val-index {path}: cannot read it ({e.strerror})") from None
+
 
 class ValSource(NamedTuple):
     """The index a validation uses: kind is 'background', 'val-index', 'training' or None."""
@@ -77,8 +88,29 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
     return exact
 
 
-def open_val_index(path, lengths, log):
-    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the model's lengths."""
+class PositionalValIndex:
+    """A saved hints.positional.PositionalIndex as a validation index (the record's representation
+    only): Cells from every occurrence it holds, at most the cap most recent per n-gram."""
+
+    def __init__(self, index):
+        self.index, self.tokens_added = index, index.tokens
+
+    def lookup_cells(self, tokens, max_followers, boundary=BOS):
+        return self.index.lookup_cells(tokens, self.tokens_added, cap=DEFAULT_CAP, max_followers=max_followers,
+                                       boundary=boundary)
+
+
+def open_val_index(path, lengths, log, record=False):
+    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the
+    model's lengths. record: a saved hints.positional.PositionalIndex serves too (scripts/cpu_ab.py
+    --hints builds one over a corpus's training split)."""
+    if record and _is_positional(path):
+        idx = PositionalIndex.load(path)
+        if tuple(idx.lengths) != tuple(lengths):
+            raise SystemExit(f"error: --val-index {path}: built with n-gram lengths {tuple(idx.lengths)}, "
+                             f"the model's --hint-lengths are {tuple(lengths)}")
+        log(f"--val-index {path}: positional, {idx.tokens:,} tokens, {idx.entries:,} entries")
+        return PositionalValIndex(idx)
     try:
         idx = HintIndex.load(path, mmap=True, workers=VAL_LOOKUP_WORKERS)
     except (ValueError, OSError) as e:
