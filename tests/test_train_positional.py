@@ -16,8 +16,10 @@ from data.shards import write_shard
 from hints.cells import BOS
 from hints.positional import PositionalIndex, phase_ends
 from streams import phrase_stream  # tests/streams.py
+from train.evaluate import ValHintCache
 from train.hint_prep import HintPrep
 from train.positional_hints import BUILD_PHASES, PositionalHints, training_stream
+from train.val_hints import open_val_index
 
 B, T, WORLD = 2, 32, 2
 G = WORLD * B * T  # 128 tokens a step
@@ -148,3 +150,23 @@ def test_gloo_ranks_share_one_index_built_by_local_rank_0(tmp_path, world):
             np.testing.assert_array_equal(got[r]["weights"][step].reshape(-1, 2), want.follower_counts)
             hinted += int((want.kind >= 0).sum())
     assert hinted > 0
+
+
+def test_validation_cells_from_a_saved_positional_index(tmp_path):
+    """--val-index with a saved PositionalIndex (the record's representation): the val span's Cells
+    with 8 followers from every occurrence it holds, cached per span, as evaluate() feeds them."""
+    stream, _ = planted_stream(seed=7)
+    train, val = stream[:4000], stream[4000:5000]
+    path = PositionalIndex.build(train).save(str(tmp_path / "val.pidx"))
+    idx = open_val_index(path, (6, 10, 20), log=lambda *_: None, record=True)
+    assert idx.tokens_added == 4000
+    cache = ValHintCache()
+    followers, cells, weights = cache.get(idx, val, 100, 612, record=True)
+    assert followers.shape == (512, 8) and cells.shape == (512,) and weights.dtype == np.float32
+    want = PositionalIndex.build(train).lookup_cells(val[100:612], 4000, max_followers=8)
+    np.testing.assert_array_equal(cells, want.kind)
+    np.testing.assert_array_equal(followers, want.followers)
+    assert (cells >= 0).any()
+    assert cache.get(idx, val, 100, 612, record=True)[0] is followers  # cached
+    with pytest.raises(SystemExit, match="lengths"):
+        open_val_index(path, (5, 6, 10, 20), log=lambda *_: None, record=True)
