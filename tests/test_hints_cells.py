@@ -258,9 +258,10 @@ def test_save_load_map_and_phases(tmp_path, stdlib_stream):
         load_covering(tmp_path, 9 * G, timeout=0)
     # another process maps the same file and gets the same cells
     code = ("import sys, numpy as np; from hints.positional import PositionalIndex as P; "
-            f"i = P.load(sys.argv[1]); c = i.lookup_cells(i.stream[{3 * G}:{3 * G + bt}], {3 * G}); "
+            f"i = P.load(sys.argv[1]); c = i.lookup_cells(np.load(sys.argv[2]), {3 * G}); "
             "print(int(c.count.sum()), int(c.followers.sum()))")
-    out = subprocess.run([sys.executable, "-c", code, paths[1]], capture_output=True, text=True,
+    np.save(tmp_path / "q.npy", stream[3 * G:3 * G + bt])
+    out = subprocess.run([sys.executable, "-c", code, paths[1], str(tmp_path / "q.npy")], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.getcwd()), check=True).stdout.split()
     c = full.lookup_cells(stream[3 * G:3 * G + bt], 3 * G)
     assert [int(x) for x in out] == [int(c.count.sum()), int(c.followers.sum())]
