@@ -376,6 +376,16 @@ class PositionalIndex:
                 f"lengths={self.lengths}, segment={self.segment}, boundary={self.boundary})")
 
 
+def exact_cells(query, train, max_followers=8, lengths=DEFAULT_LENGTHS, boundary=BOS):
+    """Exact cells of every position of `query` (one segment) against all of `train` (no position
+    filter, no cap): what HintIndex.lookup_cells gives where nothing was dropped or collided.
+    Walks every occurrence of each query position's shortest n-gram: for tests and corpora of
+    modest size (a frequent n-gram's occurrences are walked once per position that ends in it)."""
+    train = _as_stream(train, "train")
+    return PositionalIndex.build(train, lengths=lengths, boundary=boundary).lookup_cells(
+        query, train.shape[0], cap=None, max_followers=max_followers, boundary=boundary)
+
+
 def phase_ends(steps, global_tokens, phases=(8, 32)):
     """Stream ends of the build phases: the tokens before each phase's last step (up to steps 8,
     32, then all, as the record), each covering the lookups of the steps up to it."""

@@ -283,3 +283,33 @@ def test_bad_inputs(tmp_path):
     bad.write_bytes(b"nope" * 100)
     with pytest.raises(ValueError, match="not a positional"):
         PositionalIndex.load(bad)
+
+
+# ---- the background index and the exact path -------------------------------------------------------
+
+def test_hint_index_cells_equal_the_reference(stdlib_stream):
+    """HintIndex.lookup_cells (growing, then sealed) and exact_cells equal the reference with no
+    position filter and no cap, where nothing was dropped or collided."""
+    from hints import Geometry, HintIndex, ReferenceIndex
+    from hints.positional import exact_cells
+    train, query = stdlib_stream[:25000], stdlib_stream[21000:]  # a third seen in training, the rest not
+    idx = HintIndex(Geometry(partition_bits=8, bucket_bits=8, slots=64))  # many partitions: rare collisions
+    idx.add(train)
+    assert idx.dropped == 0
+    # positions where a checksum collided: the per-length lookup differs from exact counting
+    h, exact = idx.lookup(query), ReferenceIndex(LENGTHS).add(train).lookup(query)
+    ok = (h.count == exact.count).all(0) & (h.token == exact.token).all(0)
+    assert ok.mean() > 0.999
+    want = reference_cells(train, query, max_followers=8)
+    assert (want.depth == 2).sum() > 50 and (want.followers[:, 1] >= 0).sum() > 50  # deep and mixed followers
+    pick = lambda c: Cells(*(a[ok] for a in c))
+    assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "growing")
+    assert_cells_equal(exact_cells(query, train, max_followers=8), want, "exact")
+    idx.seal()
+    assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "sealed")
+    # the boundary rule matters here: without BOS restarts the answer differs
+    assert not same(idx.lookup_cells(query, boundary=None), idx.lookup_cells(query))
+    # the deepest length's count is the per-length lookup's count there
+    got = idx.lookup_cells(query, max_followers=1)
+    hit = got.depth >= 0
+    assert np.array_equal(got.count[hit], h.count[got.depth[hit].astype(int), np.flatnonzero(hit)])
