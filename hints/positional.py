@@ -47,6 +47,8 @@ MIN_DIR_BITS = 8
 MAX_DIR_BITS = 26        # at most 2^26 + 1 directory entries (512 MiB of int64)
 DEFAULT_CAP = 96         # occurrences a position is resolved against, the most recent (the record's)
 TRAIN_FOLLOWERS = 2      # distinct followers kept per training position (cells_interface: training 2)
+LINEAR_STEPS = 16        # entries a lookup scans for its run's ends before it binary-searches
+PREFETCH_AHEAD = 16      # positions between a lookup's directory prefetch and its use
 MAGIC = b"NGPOSIDX"
 VERSION = 2
 PAGE = 4096
@@ -140,11 +142,83 @@ def make_directory(keys, n, dir_bits, directory):
         directory[b] = i
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def run_of(keys, directory, b, skey, sort_mask):
+    """[lo, hi): the entries of directory bucket b whose sorted bits equal skey. A bucket holds
+    about one key, so both ends are found by short linear scans (at most LINEAR_STEPS entries, then
+    a binary search: a rare key may share its bucket with a frequent one)."""
+    lo, end = directory[b], directory[b + 1]
+    z = min(end, lo + LINEAR_STEPS)
+    while lo < z and (keys[lo] & sort_mask) < skey:
+        lo += 1
+    if lo == z and z < end:
+        z = end
+        while lo < z:
+            mid = (lo + z) >> 1
+            if (keys[mid] & sort_mask) < skey:
+                lo = mid + 1
+            else:
+                z = mid
+    hi = end
+    z = max(lo, end - LINEAR_STEPS)
+    while hi > z and (keys[hi - 1] & sort_mask) > skey:
+        hi -= 1
+    if hi == z and z > lo:
+        a = lo
+        while a < hi:
+            mid = (a + hi) >> 1
+            if (keys[mid] & sort_mask) <= skey:
+                a = mid + 1
+            else:
+                hi = mid
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def first_after(pos, lo, hi, last):
+    """The first index in [lo, hi) whose position is > last (positions ascend in a run): checks
+    both ends, then interpolates (a frequent n-gram's positions spread evenly over the stream) and
+    gallops from the guess to a bracket it binary-searches."""
+    if hi <= lo or np.int64(pos[hi - 1]) <= last:
+        return hi
+    if np.int64(pos[lo]) > last:
+        return lo
+    p0, p1 = np.int64(pos[lo]), np.int64(pos[hi - 1])
+    g = lo + (hi - 1 - lo) * (last - p0) // max(1, p1 - p0)
+    g = min(max(g, lo), hi - 1)
+    # bracket [a, z): pos[a - 1] <= last < pos[z] ... by galloping from g
+    if np.int64(pos[g]) <= last:
+        a, step = g + 1, 1
+        z = min(hi, a + step)
+        while z < hi and np.int64(pos[z]) <= last:
+            a = z + 1
+            step *= 2
+            z = min(hi, a + step)
+    else:
+        z, step = g, 1
+        a = max(lo, z - step)
+        while a > lo and np.int64(pos[a]) > last:
+            z = a
+            step *= 2
+            a = max(lo, z - step)
+    while a < z:
+        mid = (a + z) >> 1
+        if np.int64(pos[mid]) <= last:
+            a = mid + 1
+        else:
+            z = mid
+    return a
+
+
 @numba.njit(cache=True, nogil=True)
 def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, lengths, mults, last, cap,
                   depth, count, out_tok, out_cnt):
     """Cells of every query position (hints.cells; module docstring). last = the largest stream
-    position whose follower is before `before` (entries j <= last count); cap <= 0: no cap."""
+    position whose follower is before `before` (entries j <= last count); cap <= 0: no cap.
+    First every position's key and directory bucket; then, PREFETCH_AHEAD positions ahead, the
+    bucket's directory entry, and half as far ahead the lines at its run's end, where the walk back
+    from the newest occurrences starts."""
+    n = q.shape[0]
     L0 = lengths[0]
     K = lengths.shape[0]
     F = out_tok.shape[1]
@@ -155,45 +229,47 @@ def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, 
     cand_m = np.empty(size, np.int64)
     cand_t = np.empty(size, np.int64)
     toks = np.empty(size, np.int64)
-    qext = np.zeros(max(1, K - 1), np.uint64)
-    for t in range(q.shape[0]):
+    qkey = np.zeros(n, np.uint64)
+    qb = np.full(n, -1, np.int64)
+    qext = np.zeros((n, max(1, K - 1)), np.uint64)
+    for t in range(n):
+        r = np.int64(rq[t])
+        if r >= L0 and last >= 0:
+            qkey[t] = kernels.fmix64(fingerprint(q, t, 0, L0, mults))
+            qb[t] = np.int64(qkey[t] >> dsh)
+            for k in range(1, K):
+                qext[t, k - 1] = fingerprint(q, t, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
+    half = PREFETCH_AHEAD // 2
+    for t in range(n):
+        if t + PREFETCH_AHEAD < n and qb[t + PREFETCH_AHEAD] >= 0:
+            kernels.prefetch1(directory, qb[t + PREFETCH_AHEAD])
+        if t + half < n and qb[t + half] >= 0:
+            e = directory[qb[t + half] + 1] - 1
+            if e >= 0:
+                kernels.prefetch1(keys, e)
+                kernels.prefetch1(pos, e)
+                kernels.prefetch1(follower, e)
+                kernels.prefetch1(ereach, e)
+                kernels.prefetch2(ext, e, 0)
         depth[t] = -1
         count[t] = 0
         for f in range(F):
             out_tok[t, f] = -1
             out_cnt[t, f] = 0
-        r = np.int64(rq[t])
-        if r < L0 or last < 0:
+        if qb[t] < 0:
             continue
-        key = kernels.fmix64(fingerprint(q, t, 0, L0, mults))
-        for k in range(1, K):
-            qext[k - 1] = fingerprint(q, t, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
-        skey = key & sort_mask
-        b = np.int64(key >> dsh)
-        a, z = directory[b], directory[b + 1]
-        while a < z:  # first entry of the run whose sorted bits equal the key's
-            mid = (a + z) >> 1
-            if (keys[mid] & sort_mask) < skey:
-                a = mid + 1
-            else:
-                z = mid
-        lo = a
-        z = directory[b + 1]
-        while a < z:  # first entry past it, or past `last` within it (positions ascend in a run)
-            mid = (a + z) >> 1
-            if (keys[mid] & sort_mask) < skey or ((keys[mid] & sort_mask) == skey and pos[mid] <= last):
-                a = mid + 1
-            else:
-                z = mid
+        key = qkey[t]
+        r = np.int64(rq[t])
+        lo, hi = run_of(keys, directory, qb[t], key & sort_mask, sort_mask)
+        i = first_after(pos, lo, hi, last) - 1
         m = 0
         deepest = 0
-        i = a - 1
         while i >= lo and m < ncap:
             if keys[i] == key:
                 d = 0
                 er = np.int64(ereach[i])
                 for k in range(1, K):
-                    if r >= lengths[k] and er >= lengths[k] and ext[i, k - 1] == qext[k - 1]:
+                    if r >= lengths[k] and er >= lengths[k] and ext[i, k - 1] == qext[t, k - 1]:
                         d = k
                     else:
                         break
@@ -258,9 +334,10 @@ class PositionalIndex:
         return sum(getattr(self, a).nbytes for a in self.ARRAYS)
 
     @classmethod
-    def build(cls, stream, segment=0, upto=None, lengths=DEFAULT_LENGTHS, boundary=BOS):
+    def build(cls, stream, segment=0, upto=None, lengths=DEFAULT_LENGTHS, boundary=BOS, dir_bits=None):
         """Index stream[:upto] (all when None); n-grams restart at each multiple of `segment`
-        (0: never) and at every `boundary` token (None: never)."""
+        (0: never) and at every `boundary` token (None: never). dir_bits: the directory's size
+        (default: about one entry per bucket; tests make it small, so buckets hold many keys)."""
         t0 = time.perf_counter()
         lengths = _check_lengths(lengths)
         boundary = check_boundary(boundary)
@@ -287,7 +364,7 @@ class PositionalIndex:
         follower, ereach = np.empty(n, np.uint16), np.empty(n, np.uint8)
         ext = np.empty((n, len(lengths) - 1), np.uint64)
         make_payload(s, rs, pos, lens, MULTS, follower, ereach, ext)
-        dir_bits = dir_bits_for(n)
+        dir_bits = dir_bits_for(n) if dir_bits is None else int(dir_bits)
         directory = np.empty((1 << dir_bits) + 1, np.int64)
         make_directory(keys, n, dir_bits, directory)
         return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, keys=keys, pos=pos,

@@ -188,10 +188,13 @@ def test_positional_equals_reference_on_stdlib(stdlib_stream, cap):
     assert deep > 100  # the 20-grams are reached
 
 
-def test_positional_equals_reference_on_planted_streams():
+@pytest.mark.parametrize("dir_bits", [None, 2])
+def test_positional_equals_reference_on_planted_streams(dir_bits):
+    """Also with a 4-bucket directory: runs are then found by binary search among many keys."""
     for seed in range(3):
         stream = planted(seed, 6000)
-        idx, looks = training_lookups(stream, 5, 4, 300, cap=8)
+        _, looks = training_lookups(stream, 5, 4, 300, cap=8)
+        idx = PositionalIndex.build(stream, segment=300, dir_bits=dir_bits)
         for s, r, tok, before in looks:
             for cap in (8, None):
                 got = idx.lookup_cells(tok, before, cap=cap, max_followers=2)
