@@ -26,6 +26,7 @@ from .kinds import cell_of
 # boundaries, n-grams restart at every BOS.
 BOS = 50256
 NO_BOUNDARY = -1  # `boundary` value for "no BOS restarts" (segments still restart)
+INSERTION_SORT_MAX = 16  # followers sorted by insertion up to this many, by ndarray.sort beyond
 REACH_MAX = 255   # reach is kept in a uint8: n-gram lengths are at most 64 (geometry.MAX_LENGTH)
 
 
@@ -103,16 +104,23 @@ def mask_hints(hints, tokens, boundary=BOS, lengths=None):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def top_followers(toks, m, F, out_tok, out_cnt, t):
-    """Sort toks[:m] (follower ids) in place, then write the F most frequent distinct ones (count
+    """Sort toks[:m] (follower ids) in place (unless all are one id), then write the F most frequent distinct ones (count
     desc, ties to the smaller id) and their counts to out_tok[t], out_cnt[t] (-1 / 0 padding).
     Returns the top count (0 when m == 0)."""
-    for i in range(1, m):  # insertion sort: m is at most the cap (96) or one bucket's slots
-        x = toks[i]
-        j = i - 1
-        while j >= 0 and toks[j] > x:
-            toks[j + 1] = toks[j]
-            j -= 1
-        toks[j + 1] = x
+    pure = 1
+    for i in range(1, m):  # most runs have one follower: no sort then
+        pure &= toks[i] == toks[0]
+    if not pure:
+        if m <= INSERTION_SORT_MAX:
+            for i in range(1, m):
+                x = toks[i]
+                j = i - 1
+                while j >= 0 and toks[j] > x:
+                    toks[j + 1] = toks[j]
+                    j -= 1
+                toks[j + 1] = x
+        else:
+            toks[:m].sort()
     for f in range(F):
         out_tok[t, f] = -1
         out_cnt[t, f] = 0

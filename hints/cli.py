@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench|exact-bench|scaling`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|positional-bench|exact-bench|scaling`: the hint index from the command line."""
 import argparse
 import json
 import os
@@ -123,6 +123,19 @@ def cmd_bench(args):
     print_and_save(format_table(res), res, args.json)
 
 
+def cmd_positional_bench(args):
+    from .positional_bench import run_positional_bench
+    args.query, args.query_tokens = None, 1
+    train, _, _, source = bench_tokens(args)
+    print(f"corpus: {source}")
+    res = run_positional_bench(train, steps=args.steps, rank_tokens=args.rank_tokens, world=args.world,
+                               prefill=args.prefill, compare=not args.no_compare)
+    res["corpus"] = source
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def cmd_exact_bench(args):
     from .exact_bench import format_exact_table, run_exact_bench
     train, query, _, _ = bench_tokens(args)
@@ -194,6 +207,21 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("positional-bench", help="training-time hint work per rank per step at the record's shape: the "
+                       "exact positional index (lookup_cells) against today's growing index (lookup + add), "
+                       "alternated; and the positional index's build time per phase")
+    common(p, tokens_required=False)
+    p.add_argument("--corpus", choices=("stdlib", "prose"), default="stdlib",
+                   help="without --tokens: Python's standard-library source or the man-pages prose corpus")
+    p.add_argument("--steps", type=int, default=10, help="steps timed (each alternates new and today's)")
+    p.add_argument("--rank-tokens", type=int, default=16_384, help="tokens per rank per step (the record's 16,384)")
+    p.add_argument("--world", type=int, default=8, help="ranks (the record's 8: 131,072 tokens a step)")
+    p.add_argument("--prefill", type=parse_token_count, default=12_000_000,
+                   help="tokens already trained on when the timed steps start (the record's shape: 12M)")
+    p.add_argument("--no-compare", action="store_true", help="time the positional index only")
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_positional_bench)
 
     p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "
                        "count (torch on CPU; Triton: interpreter for correctness, GPU when present)")

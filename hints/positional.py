@@ -37,21 +37,25 @@ import numpy as np
 from . import kernels
 from .cells import (BOS, Cells, check_boundary, check_max_followers, reach_into, top_followers,
                     with_kinds, empty_cells)
+from .exact import multipliers
 from .geometry import DEFAULT_LENGTHS, MAX_LENGTH
 
 U64 = np.uint64
-KEY_BITS = 42            # bits of the shortest n-gram's hash kept per entry (3 radix passes of 14)
-RADIX_BITS = 14          # digit of the LSD radix sort: 16k counters (64 KiB of int32, L2-resident)
+SORT_BITS = 42           # entries are sorted by the top 42 bits of their key (3 radix passes of 14)
+RADIX_BITS = 14          # digit of the LSD radix sort: 16k counters (128 KiB of int64, L2-resident)
 MIN_DIR_BITS = 8
-MAX_DIR_BITS = 26        # at most 2^26 directory entries (256 MiB of int32 is too much; 2^26 x 4 B = 256 MiB)
+MAX_DIR_BITS = 26        # at most 2^26 + 1 directory entries (512 MiB of int64)
 DEFAULT_CAP = 96         # occurrences a position is resolved against, the most recent (the record's)
 TRAIN_FOLLOWERS = 2      # distinct followers kept per training position (cells_interface: training 2)
+LINEAR_STEPS = 16        # entries a lookup scans for its run's ends before it binary-searches
+PREFETCH_AHEAD = 16      # positions between a lookup's directory prefetch and its use
 MAGIC = b"NGPOSIDX"
-VERSION = 1
+VERSION = 2
 PAGE = 4096
-# magic, version, n_lengths, lengths[8], boundary, segment, tokens, entries, dir_bits, key_bits
-_HEADER = struct.Struct("<8sII8IqqqqII")
+# magic, version, n_lengths, lengths[8], boundary, segment, tokens, entries, dir_bits
+_HEADER = struct.Struct("<8sII8IqqqqI")
 HEADER_BYTES = PAGE
+MULTS = np.array(multipliers(MAX_LENGTH), dtype=np.uint64)  # hints.exact's fingerprint multipliers A[i]
 
 
 def dir_bits_for(n_entries):
@@ -61,38 +65,37 @@ def dir_bits_for(n_entries):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def ngram_hash(s, j, length):
-    """64-bit hash of s[j-length+1 .. j] (a polynomial of the ids, then fmix64)."""
-    r = U64(0)
-    for k in range(j - length + 1, j + 1):
-        r = r * kernels.HASH_MULT + U64(s[k]) + U64(1)
-    return kernels.fmix64(r + kernels.SEED_MULT)
+def fingerprint(s, j, lo, hi, mults):
+    """sum over i in [lo, hi) of (s[j - i] + 1) * A[i] mod 2^64: the tokens lo..hi-1 back from j."""
+    f = U64(0)
+    for i in range(lo, hi):
+        f += (U64(s[j - i]) + U64(1)) * mults[i]
+    return f
 
 
 @numba.njit(cache=True, nogil=True)
-def make_entries(s, rs, upto, L0, key_bits, keys, pos):
-    """Entries of every j < upto - 1 whose shortest n-gram exists (rs[j] >= L0), in stream order.
-    Returns their number."""
+def make_entries(s, rs, upto, L0, mults, keys, pos):
+    """Entries of every j < upto - 1 whose shortest n-gram exists (rs[j] >= L0), in stream order:
+    key = fmix64(F_L0(j)) (a bijection: equal keys <=> equal fingerprints). Returns their number."""
     n = 0
-    shift = U64(64 - key_bits)
     for j in range(L0 - 1, upto - 1):
         if rs[j] >= L0:
-            keys[n] = ngram_hash(s, j, L0) >> shift
+            keys[n] = kernels.fmix64(fingerprint(s, j, 0, L0, mults))
             pos[n] = j
             n += 1
     return n
 
 
 @numba.njit(cache=True, nogil=True)
-def radix_sort(keys, pos, n, key_bits, tk, tp):
-    """Stable LSD radix sort of (keys, pos)[:n] by keys; the result ends in keys, pos."""
+def radix_sort(keys, pos, n, tk, tp):
+    """Stable LSD radix sort of (keys, pos)[:n] by the top SORT_BITS bits of keys; ends in keys, pos."""
     digits = 1 << RADIX_BITS
     mask = U64(digits - 1)
     hist = np.zeros(digits, np.int64)
     src_k, src_p, dst_k, dst_p = keys, pos, tk, tp
-    passes = (key_bits + RADIX_BITS - 1) // RADIX_BITS
+    passes = (SORT_BITS + RADIX_BITS - 1) // RADIX_BITS
     for d in range(passes):
-        sh = U64(d * RADIX_BITS)
+        sh = U64(64 - SORT_BITS + d * RADIX_BITS)
         hist[:] = 0
         for i in range(n):
             hist[(src_k[i] >> sh) & mask] += 1
@@ -114,9 +117,23 @@ def radix_sort(keys, pos, n, key_bits, tk, tp):
 
 
 @numba.njit(cache=True, nogil=True)
-def make_directory(keys, n, key_bits, dir_bits, directory):
+def make_payload(s, rs, pos, lengths, mults, follower, ereach, ext):
+    """Per sorted entry: its follower, its reach, and the fingerprint of each extension (the tokens
+    L_{k-1} .. L_k - 1 back; 0 where the reach falls short, never compared there)."""
+    K = lengths.shape[0]
+    for i in range(pos.shape[0]):
+        j = np.int64(pos[i])
+        follower[i] = s[j + 1]
+        r = rs[j]
+        ereach[i] = r
+        for k in range(1, K):
+            ext[i, k - 1] = fingerprint(s, j, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
+
+
+@numba.njit(cache=True, nogil=True)
+def make_directory(keys, n, dir_bits, directory):
     """directory[b] = first entry whose key's top dir_bits bits are >= b (b = 0 .. 2^dir_bits)."""
-    sh = U64(key_bits - dir_bits)
+    sh = U64(64 - dir_bits)
     m = directory.shape[0] - 1
     i = 0
     for b in range(m + 1):
@@ -125,90 +142,152 @@ def make_directory(keys, n, key_bits, dir_bits, directory):
         directory[b] = i
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def run_of(keys, directory, b, skey, sort_mask):
+    """[lo, hi): the entries of directory bucket b whose sorted bits equal skey. A bucket holds
+    about one key, so both ends are found by short linear scans (at most LINEAR_STEPS entries, then
+    a binary search: a rare key may share its bucket with a frequent one)."""
+    lo, end = directory[b], directory[b + 1]
+    z = min(end, lo + LINEAR_STEPS)
+    while lo < z and (keys[lo] & sort_mask) < skey:
+        lo += 1
+    if lo == z and z < end:
+        z = end
+        while lo < z:
+            mid = (lo + z) >> 1
+            if (keys[mid] & sort_mask) < skey:
+                lo = mid + 1
+            else:
+                z = mid
+    hi = end
+    z = max(lo, end - LINEAR_STEPS)
+    while hi > z and (keys[hi - 1] & sort_mask) > skey:
+        hi -= 1
+    if hi == z and z > lo:
+        a = lo
+        while a < hi:
+            mid = (a + hi) >> 1
+            if (keys[mid] & sort_mask) <= skey:
+                a = mid + 1
+            else:
+                hi = mid
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def first_after(pos, lo, hi, last):
+    """The first index in [lo, hi) whose position is > last (positions ascend in a run): checks
+    both ends, then interpolates (a frequent n-gram's positions spread evenly over the stream) and
+    gallops from the guess to a bracket it binary-searches."""
+    if hi <= lo or np.int64(pos[hi - 1]) <= last:
+        return hi
+    if np.int64(pos[lo]) > last:
+        return lo
+    p0, p1 = np.int64(pos[lo]), np.int64(pos[hi - 1])
+    g = lo + (hi - 1 - lo) * (last - p0) // max(1, p1 - p0)
+    g = min(max(g, lo), hi - 1)
+    # bracket [a, z): pos[a - 1] <= last < pos[z] ... by galloping from g
+    if np.int64(pos[g]) <= last:
+        a, step = g + 1, 1
+        z = min(hi, a + step)
+        while z < hi and np.int64(pos[z]) <= last:
+            a = z + 1
+            step *= 2
+            z = min(hi, a + step)
+    else:
+        z, step = g, 1
+        a = max(lo, z - step)
+        while a > lo and np.int64(pos[a]) > last:
+            z = a
+            step *= 2
+            a = max(lo, z - step)
+    while a < z:
+        mid = (a + z) >> 1
+        if np.int64(pos[mid]) <= last:
+            a = mid + 1
+        else:
+            z = mid
+    return a
+
+
 @numba.njit(cache=True, nogil=True)
-def lookup_kernel(q, rq, s, rs, keys, pos, directory, key_bits, dir_bits, lengths, last, cap,
-                  depth, count, out_tok, out_cnt, top):
+def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, lengths, mults, last, cap,
+                  depth, count, out_tok, out_cnt):
     """Cells of every query position (hints.cells; module docstring). last = the largest stream
-    position whose follower is before `before` (entries j <= last count); cap <= 0: no cap."""
+    position whose follower is before `before` (entries j <= last count); cap <= 0: no cap.
+    First every position's key and directory bucket; then, PREFETCH_AHEAD positions ahead, the
+    bucket's directory entry, and half as far ahead the lines at its run's end, where the walk back
+    from the newest occurrences starts."""
+    n = q.shape[0]
     L0 = lengths[0]
-    Lmax = lengths[lengths.shape[0] - 1]
     K = lengths.shape[0]
     F = out_tok.shape[1]
-    shift = U64(64 - key_bits)
-    dsh = U64(key_bits - dir_bits)
+    sort_mask = ~((U64(1) << U64(64 - SORT_BITS)) - U64(1))
+    dsh = U64(64 - dir_bits)
     ncap = cap if cap > 0 else keys.shape[0]
-    cand_m = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
-    cand_t = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
-    toks = np.empty(max(1, min(ncap, keys.shape[0])), np.int64)
-    for t in range(q.shape[0]):
+    size = max(1, min(ncap, keys.shape[0]))
+    cand_m = np.empty(size, np.int64)
+    cand_t = np.empty(size, np.int64)
+    toks = np.empty(size, np.int64)
+    qkey = np.zeros(n, np.uint64)
+    qb = np.full(n, -1, np.int64)
+    qext = np.zeros((n, max(1, K - 1)), np.uint64)
+    for t in range(n):
+        r = np.int64(rq[t])
+        if r >= L0 and last >= 0:
+            qkey[t] = kernels.fmix64(fingerprint(q, t, 0, L0, mults))
+            qb[t] = np.int64(qkey[t] >> dsh)
+            for k in range(1, K):
+                qext[t, k - 1] = fingerprint(q, t, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
+    half = PREFETCH_AHEAD // 2
+    for t in range(n):
+        if t + PREFETCH_AHEAD < n and qb[t + PREFETCH_AHEAD] >= 0:
+            kernels.prefetch1(directory, qb[t + PREFETCH_AHEAD])
+        if t + half < n and qb[t + half] >= 0:
+            e = directory[qb[t + half] + 1] - 1
+            if e >= 0:
+                kernels.prefetch1(keys, e)
+                kernels.prefetch1(pos, e)
+                kernels.prefetch1(follower, e)
+                kernels.prefetch1(ereach, e)
+                kernels.prefetch2(ext, e, 0)
         depth[t] = -1
         count[t] = 0
         for f in range(F):
             out_tok[t, f] = -1
             out_cnt[t, f] = 0
-        if rq[t] < L0 or last < 0:
+        if qb[t] < 0:
             continue
-        key = ngram_hash(q, t, L0) >> shift
-        b = np.int64(key >> dsh)
-        lo = directory[b]
-        hi = directory[b + 1]
-        # the key's run: [lo, hi) with keys == key (binary searches; runs are sorted by key)
-        a, z = lo, hi
-        while a < z:
-            mid = (a + z) >> 1
-            if keys[mid] < key:
-                a = mid + 1
-            else:
-                z = mid
-        lo = a
-        z = hi
-        while a < z:
-            mid = (a + z) >> 1
-            if keys[mid] <= key:
-                a = mid + 1
-            else:
-                z = mid
-        hi = a
-        # within it, positions ascend: the first entry past `last`
-        a, z = lo, hi
-        while a < z:
-            mid = (a + z) >> 1
-            if pos[mid] <= last:
-                a = mid + 1
-            else:
-                z = mid
+        key = qkey[t]
+        r = np.int64(rq[t])
+        lo, hi = run_of(keys, directory, qb[t], key & sort_mask, sort_mask)
+        i = first_after(pos, lo, hi, last) - 1
         m = 0
         deepest = 0
-        i = a - 1
         while i >= lo and m < ncap:
-            j = np.int64(pos[i])
+            if keys[i] == key:
+                d = 0
+                er = np.int64(ereach[i])
+                for k in range(1, K):
+                    if r >= lengths[k] and er >= lengths[k] and ext[i, k - 1] == qext[t, k - 1]:
+                        d = k
+                    else:
+                        break
+                cand_m[m] = d
+                cand_t[m] = follower[i]
+                m += 1
+                deepest = max(deepest, d)
             i -= 1
-            # compare backward: the shortest n-gram must agree (else a key collision), then further
-            lim = min(Lmax, min(np.int64(rq[t]), np.int64(rs[j])))
-            g = 0
-            while g < lim and s[j - g] == q[t - g]:
-                g += 1
-            if g < L0:
-                continue
-            cand_m[m] = g
-            cand_t[m] = s[j + 1]
-            m += 1
-            deepest = max(deepest, g)
         if m == 0:
             continue
-        d = 0
-        for k in range(K):
-            if lengths[k] <= deepest:
-                d = k
-        need = lengths[d]
         c = 0
         for x in range(m):
-            if cand_m[x] >= need:
+            if cand_m[x] == deepest:
                 toks[c] = cand_t[x]
                 c += 1
-        depth[t] = d
+        depth[t] = deepest
         count[t] = c
-        top[t] = top_followers(toks, c, F, out_tok, out_cnt, t)
+        top_followers(toks, c, F, out_tok, out_cnt, t)
 
 
 def _as_stream(tokens, name):
@@ -238,26 +317,27 @@ class PositionalIndex:
     idx.save(path); PositionalIndex.load(path)                      # read-only mapping
     """
 
-    def __init__(self, stream, reach, keys, pos, directory, lengths, boundary, segment, dir_bits,
-                 key_bits=KEY_BITS, path=None, build_s=None):
-        self.stream, self.reach, self.keys, self.pos, self.directory = stream, reach, keys, pos, directory
-        self.lengths, self.boundary, self.segment = tuple(lengths), boundary, segment
-        self.dir_bits, self.key_bits = dir_bits, key_bits
-        self.path, self.build_s = path, build_s
+    ARRAYS = ("keys", "pos", "follower", "reach", "ext", "directory")
 
-    @property
-    def tokens(self):
-        """Tokens of the stream indexed: lookups may ask for any `before` <= this."""
-        return int(self.stream.shape[0])
+    def __init__(self, tokens, lengths, boundary, segment, dir_bits, path=None, build_s=None, **arrays):
+        self.tokens, self.lengths, self.boundary, self.segment = int(tokens), tuple(lengths), boundary, segment
+        self.dir_bits, self.path, self.build_s = dir_bits, path, build_s
+        for name in self.ARRAYS:
+            setattr(self, name, arrays[name])
 
     @property
     def entries(self):
         return int(self.keys.shape[0])
 
+    @property
+    def nbytes(self):
+        return sum(getattr(self, a).nbytes for a in self.ARRAYS)
+
     @classmethod
-    def build(cls, stream, segment=0, upto=None, lengths=DEFAULT_LENGTHS, boundary=BOS):
+    def build(cls, stream, segment=0, upto=None, lengths=DEFAULT_LENGTHS, boundary=BOS, dir_bits=None):
         """Index stream[:upto] (all when None); n-grams restart at each multiple of `segment`
-        (0: never) and at every `boundary` token (None: never)."""
+        (0: never) and at every `boundary` token (None: never). dir_bits: the directory's size
+        (default: about one entry per bucket; tests make it small, so buckets hold many keys)."""
         t0 = time.perf_counter()
         lengths = _check_lengths(lengths)
         boundary = check_boundary(boundary)
@@ -270,21 +350,25 @@ class PositionalIndex:
         segment = int(segment)
         if segment < 0:
             raise ValueError(f"segment={segment}: expected tokens per rank slice (> 0) or 0 for none")
-        s = np.array(stream[:upto], dtype=np.uint16)
+        s = stream[:upto]
         rs = np.empty(upto, np.uint8)
         reach_into(s, boundary, segment, lengths[-1], rs)
         n_max = max(0, upto - 1)
         keys, pos = np.empty(n_max, np.uint64), np.empty(n_max, np.uint32)
-        n = make_entries(s, rs, upto, lengths[0], KEY_BITS, keys, pos)
+        n = make_entries(s, rs, upto, lengths[0], MULTS, keys, pos)
         tk, tp = np.empty(n, np.uint64), np.empty(n, np.uint32)
-        radix_sort(keys, pos, n, KEY_BITS, tk, tp)
+        radix_sort(keys, pos, n, tk, tp)
         del tk, tp
         keys, pos = keys[:n].copy(), pos[:n].copy()
-        dir_bits = dir_bits_for(n)
+        lens = np.array(lengths, np.int64)
+        follower, ereach = np.empty(n, np.uint16), np.empty(n, np.uint8)
+        ext = np.empty((n, len(lengths) - 1), np.uint64)
+        make_payload(s, rs, pos, lens, MULTS, follower, ereach, ext)
+        dir_bits = dir_bits_for(n) if dir_bits is None else int(dir_bits)
         directory = np.empty((1 << dir_bits) + 1, np.int64)
-        make_directory(keys, n, KEY_BITS, dir_bits, directory)
-        return cls(s, rs, keys, pos, directory, lengths, boundary, segment, dir_bits,
-                   build_s=time.perf_counter() - t0)
+        make_directory(keys, n, dir_bits, directory)
+        return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, keys=keys, pos=pos,
+                   follower=follower, reach=ereach, ext=ext, directory=directory)
 
     def lookup_cells(self, tokens, before, cap=DEFAULT_CAP, max_followers=TRAIN_FOLLOWERS, boundary=BOS):
         """Cells of every position of `tokens` (one segment: n-grams restart at its start and at
@@ -313,29 +397,24 @@ class PositionalIndex:
         count = np.empty(n, np.int32)
         out_tok = np.empty((n, F), np.int32)
         out_cnt = np.empty((n, F), np.int32)
-        top = np.zeros(n, np.int32)
-        lookup_kernel(q, rq, self.stream, self.reach, self.keys, self.pos, self.directory, self.key_bits,
-                      self.dir_bits, np.array(self.lengths, np.int64), before - 2, 0 if cap is None else int(cap),
-                      depth, count, out_tok, out_cnt, top)
+        lookup_kernel(q, rq, self.keys, self.pos, self.follower, self.reach, self.ext, self.directory, self.dir_bits,
+                      np.array(self.lengths, np.int64), MULTS, before - 2, 0 if cap is None else int(cap),
+                      depth, count, out_tok, out_cnt)
         return with_kinds(depth, count, out_tok, out_cnt)
 
     # ---- files --------------------------------------------------------------------------------
-    def _arrays(self):
-        return [("stream", self.stream), ("reach", self.reach), ("keys", self.keys), ("pos", self.pos),
-                ("directory", self.directory)]
-
     def save(self, path):
         """Write the index to `path` (temporary name, then an atomic rename)."""
         path = os.fspath(path)
         lengths = list(self.lengths) + [0] * (8 - len(self.lengths))
         header = _HEADER.pack(MAGIC, VERSION, len(self.lengths), *lengths, self.boundary, self.segment,
-                              self.tokens, self.entries, self.dir_bits, self.key_bits)
+                              self.tokens, self.entries, self.dir_bits)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(header.ljust(HEADER_BYTES, b"\0"))
-            for _, a in self._arrays():
+            for name in self.ARRAYS:
                 f.write(b"\0" * (-f.tell() % PAGE))
-                f.write(np.ascontiguousarray(a).tobytes())
+                f.write(np.ascontiguousarray(getattr(self, name)).tobytes())
         os.replace(tmp, path)
         self.path = path
         return path
@@ -354,24 +433,34 @@ class PositionalIndex:
         magic, version, nl, *rest = _HEADER.unpack(head)
         if version != VERSION:
             raise ValueError(f"{path}: positional index version {version}, expected {VERSION}")
-        lengths, (boundary, segment, tokens, entries, dir_bits, key_bits) = rest[:nl], rest[8:]
-        shapes = [("stream", np.uint16, tokens), ("reach", np.uint8, tokens), ("keys", np.uint64, entries),
-                  ("pos", np.uint32, entries), ("directory", np.int64, (1 << dir_bits) + 1)]
+        lengths, (boundary, segment, tokens, n, dir_bits) = rest[:nl], rest[8:]
+        shapes = dict(keys=((n,), np.uint64), pos=((n,), np.uint32), follower=((n,), np.uint16),
+                      reach=((n,), np.uint8), ext=((n, nl - 1), np.uint64), directory=(((1 << dir_bits) + 1,), np.int64))
         size, off, arrays = os.path.getsize(path), HEADER_BYTES, {}
-        for name, dtype, n in shapes:
+        for name in cls.ARRAYS:
+            shape, dtype = shapes[name]
             off += -off % PAGE
-            nbytes = n * np.dtype(dtype).itemsize
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
             if off + nbytes > size:
                 raise ValueError(f"{path}: truncated positional index ({name} ends past the file's {size} bytes)")
-            arrays[name] = (np.memmap(path, dtype=dtype, mode="r", offset=off, shape=(n,)) if n
-                            else np.zeros(0, dtype))
+            arrays[name] = (np.memmap(path, dtype=dtype, mode="r", offset=off, shape=shape) if nbytes
+                            else np.zeros(shape, dtype))
             off += nbytes
-        return cls(arrays["stream"], arrays["reach"], arrays["keys"], arrays["pos"], arrays["directory"],
-                   lengths, boundary, segment, dir_bits, key_bits, path=path)
+        return cls(tokens, lengths, boundary, segment, dir_bits, path=path, **arrays)
 
     def __repr__(self):
-        return (f"PositionalIndex({self.tokens:,} tokens, {self.entries:,} entries, lengths={self.lengths}, "
-                f"segment={self.segment}, boundary={self.boundary})")
+        return (f"PositionalIndex({self.tokens:,} tokens, {self.entries:,} entries, {self.nbytes / 2**20:.0f} MiB, "
+                f"lengths={self.lengths}, segment={self.segment}, boundary={self.boundary})")
+
+
+def exact_cells(query, train, max_followers=8, lengths=DEFAULT_LENGTHS, boundary=BOS):
+    """Exact cells of every position of `query` (one segment) against all of `train` (no position
+    filter, no cap): what HintIndex.lookup_cells gives where nothing was dropped or collided.
+    Walks every occurrence of each query position's shortest n-gram: for tests and corpora of
+    modest size (a frequent n-gram's occurrences are walked once per position that ends in it)."""
+    train = _as_stream(train, "train")
+    return PositionalIndex.build(train, lengths=lengths, boundary=boundary).lookup_cells(
+        query, train.shape[0], cap=None, max_followers=max_followers, boundary=boundary)
 
 
 def phase_ends(steps, global_tokens, phases=(8, 32)):

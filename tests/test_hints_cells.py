@@ -188,10 +188,13 @@ def test_positional_equals_reference_on_stdlib(stdlib_stream, cap):
     assert deep > 100  # the 20-grams are reached
 
 
-def test_positional_equals_reference_on_planted_streams():
+@pytest.mark.parametrize("dir_bits", [None, 2])
+def test_positional_equals_reference_on_planted_streams(dir_bits):
+    """Also with a 4-bucket directory: runs are then found by binary search among many keys."""
     for seed in range(3):
         stream = planted(seed, 6000)
-        idx, looks = training_lookups(stream, 5, 4, 300, cap=8)
+        _, looks = training_lookups(stream, 5, 4, 300, cap=8)
+        idx = PositionalIndex.build(stream, segment=300, dir_bits=dir_bits)
         for s, r, tok, before in looks:
             for cap in (8, None):
                 got = idx.lookup_cells(tok, before, cap=cap, max_followers=2)
@@ -258,9 +261,10 @@ def test_save_load_map_and_phases(tmp_path, stdlib_stream):
         load_covering(tmp_path, 9 * G, timeout=0)
     # another process maps the same file and gets the same cells
     code = ("import sys, numpy as np; from hints.positional import PositionalIndex as P; "
-            f"i = P.load(sys.argv[1]); c = i.lookup_cells(i.stream[{3 * G}:{3 * G + bt}], {3 * G}); "
+            f"i = P.load(sys.argv[1]); c = i.lookup_cells(np.load(sys.argv[2]), {3 * G}); "
             "print(int(c.count.sum()), int(c.followers.sum()))")
-    out = subprocess.run([sys.executable, "-c", code, paths[1]], capture_output=True, text=True,
+    np.save(tmp_path / "q.npy", stream[3 * G:3 * G + bt])
+    out = subprocess.run([sys.executable, "-c", code, paths[1], str(tmp_path / "q.npy")], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.getcwd()), check=True).stdout.split()
     c = full.lookup_cells(stream[3 * G:3 * G + bt], 3 * G)
     assert [int(x) for x in out] == [int(c.count.sum()), int(c.followers.sum())]
@@ -282,3 +286,33 @@ def test_bad_inputs(tmp_path):
     bad.write_bytes(b"nope" * 100)
     with pytest.raises(ValueError, match="not a positional"):
         PositionalIndex.load(bad)
+
+
+# ---- the background index and the exact path -------------------------------------------------------
+
+def test_hint_index_cells_equal_the_reference(stdlib_stream):
+    """HintIndex.lookup_cells (growing, then sealed) and exact_cells equal the reference with no
+    position filter and no cap, where nothing was dropped or collided."""
+    from hints import Geometry, HintIndex, ReferenceIndex
+    from hints.positional import exact_cells
+    train, query = stdlib_stream[:25000], stdlib_stream[21000:]  # a third seen in training, the rest not
+    idx = HintIndex(Geometry(partition_bits=8, bucket_bits=8, slots=64))  # many partitions: rare collisions
+    idx.add(train)
+    assert idx.dropped == 0
+    # positions where a checksum collided: the per-length lookup differs from exact counting
+    h, exact = idx.lookup(query), ReferenceIndex(LENGTHS).add(train).lookup(query)
+    ok = (h.count == exact.count).all(0) & (h.token == exact.token).all(0)
+    assert ok.mean() > 0.999
+    want = reference_cells(train, query, max_followers=8)
+    assert (want.depth == 2).sum() > 50 and (want.followers[:, 1] >= 0).sum() > 50  # deep and mixed followers
+    pick = lambda c: Cells(*(a[ok] for a in c))
+    assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "growing")
+    assert_cells_equal(exact_cells(query, train, max_followers=8), want, "exact")
+    idx.seal()
+    assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "sealed")
+    # the boundary rule matters here: without BOS restarts the answer differs
+    assert not same(idx.lookup_cells(query, boundary=None), idx.lookup_cells(query))
+    # the deepest length's count is the per-length lookup's count there
+    got = idx.lookup_cells(query, max_followers=1)
+    hit = got.depth >= 0
+    assert np.array_equal(got.count[hit], h.count[got.depth[hit].astype(int), np.flatnonzero(hit)])

@@ -1,0 +1,83 @@
+"""Cells from a HintIndex (the background / validation index, growing or sealed).
+
+A HintIndex stores every occurrence of every n-gram (its slots, in the n-gram's two buckets),
+with no position, so its cells have no position filter and no cap: the deepest length whose
+n-gram the index holds, that n-gram's stored occurrences, and their followers. The per-length
+lookup (`HintIndex.lookup`, with the document boundaries applied by `cells.mask_hints`) finds the
+deepest length; then `followers_kernel` gathers that n-gram's slots from its buckets (the first,
+and the second once the first is full, as every lookup does) and counts their followers. A
+sealed index's buckets hold the same slots, sorted, so the same scan serves both.
+
+Where nothing was dropped and no checksum collided, the cells equal
+`reference.reference_cells(train, query, cap=None)` (a test checks it). N-grams that span a
+document boundary are never looked up, so whether the index stored them does not change a cell.
+"""
+import numba
+import numpy as np
+
+from . import kernels
+from .cells import BOS, check_boundary, check_max_followers, empty_cells, mask_hints, top_followers, with_kinds
+
+
+@numba.njit(cache=True, nogil=True)
+def followers_kernel(q, depth, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
+                     count, out_tok, out_cnt):
+    """For each position t with depth[t] >= 0: the followers of its n-gram of length
+    lengths[depth[t]] (all its slots in its buckets), the F most frequent kept."""
+    K = lengths.shape[0]
+    slots = table.shape[2]
+    F = out_tok.shape[1]
+    r = np.zeros(K, np.uint64)
+    toks = np.empty(2 * slots, np.int64)
+    for t in range(q.shape[0]):
+        d = depth[t]
+        if d < 0:
+            count[t] = 0
+            for f in range(F):
+                out_tok[t, f] = -1
+                out_cnt[t, f] = 0
+            continue
+        j = t + 1  # the slot of the n-gram ending at q[t] sits at stream position t + 1
+        kernels.init_states(r, q, j, lengths)
+        part, c0, key = kernels.slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
+        b1, b2 = kernels.bucket_pair(c0, bucket_bits)
+        sh = np.uint64(shifts[d])
+        qk = key >> sh
+        m = 0
+        f1 = np.int64(fill[part, b1])
+        for i in range(f1):
+            s = table[part, b1, i]
+            if (s >> sh) == qk:
+                toks[m] = np.int64(s & np.uint64(0xFFFF))
+                m += 1
+        if f1 >= slots:  # the second bucket holds an n-gram's slots only once the first is full
+            for i in range(np.int64(fill[part, b2])):
+                s = table[part, b2, i]
+                if (s >> sh) == qk:
+                    toks[m] = np.int64(s & np.uint64(0xFFFF))
+                    m += 1
+        count[t] = m
+        top_followers(toks, m, F, out_tok, out_cnt, t)
+
+
+def index_cells(idx, tokens, max_followers=8, boundary=BOS):
+    """Cells of every position of `tokens` from HintIndex `idx` (one segment: n-grams restart at
+    its start and at every `boundary` token; None: only at its start)."""
+    from .index import as_tokens
+    q = as_tokens(tokens)
+    F = check_max_followers(max_followers)
+    b = check_boundary(boundary)
+    n = q.size
+    if n == 0:
+        return empty_cells(0, F)
+    g = idx.geom
+    h = mask_hints(idx.lookup(q), q, b, g.lengths)
+    present = h.count > 0  # (K, n)
+    K = present.shape[0]
+    deepest = np.where(present.any(0), K - 1 - np.argmax(present[::-1], axis=0), -1).astype(np.int8)
+    count = np.zeros(n, np.int32)
+    out_tok = np.empty((n, F), np.int32)
+    out_cnt = np.empty((n, F), np.int32)
+    followers_kernel(q, deepest, idx.table, idx.fill, idx._lengths, idx._pows, g.partition_bits, g.bucket_bits,
+                     idx._bits, idx._shifts, count, out_tok, out_cnt)
+    return with_kinds(deepest, count, out_tok, out_cnt)
