@@ -18,9 +18,9 @@ man-pages prose), seed and arm, one demo-preset run writes OUT/<corpus>-<arm>-s<
   lengths   --hint-repr lengths (per-length hints from the per-rank growing index)
   record    --hint-repr record  (the record's cells from the positional index)
   nohints   --no-hints (the same recipe trained without hints)
-Both hinted arms validate with hints from the corpus's whole training split (--val-index, built
-once): lengths from a HintIndex (OUT/<corpus>.idx), record from a PositionalIndex (OUT/<corpus>.pidx:
-exact counts over the 96 most recent occurrences); each run reports val loss with and without hints. Runs
+Both hinted arms validate with hints from the same saved HintIndex over the corpus's whole
+training split (OUT/<corpus>.idx, built once, --val-index; the record's arm reads it as cells), and
+each run reports val loss with and without hints. Runs
 whose JSON exists are skipped, so the grid can be stopped and resumed; --table prints the
 markdown table (mean +- standard deviation over seeds) from whatever JSON is there.
     python scripts/cpu_ab.py --hints runs/hints_ab --seeds 0,1,2 [--recipe-args "--steps 300"]
@@ -45,7 +45,6 @@ from tqdm import tqdm
 
 from data.loader import DistributedDataLoader, read_tokens
 from hints import n_kinds
-from hints.positional import PositionalIndex
 from hints.geometry import DEFAULT_LENGTHS
 from model import GPT, GPTConfig, attention_window_blocks, build_optimizers, lr_multiplier, muon_momentum
 from model.muon import Muon
@@ -171,17 +170,12 @@ def run_variant(name, args, val):
 
 
 # -- the hint A/B ------------------------------------------------------------------------------
-def val_index(out, corpus, arm):
-    """The corpus's saved validation index over its whole training split (built once): a HintIndex
-    (`python -m hints build`) for lengths, a PositionalIndex (BOS restarts, no slices) for record."""
-    train, _ = CORPORA[corpus]
-    if arm != "lengths":
-        path = out / f"{corpus}.pidx"
-        if not path.exists():
-            PositionalIndex.build(read_tokens(str(REPO / train)), segment=0).save(str(path))
-        return path
+def val_index(out, corpus):
+    """The corpus's saved validation index over its whole training split (built once; both arms
+    read it, lengths through lookup_span, record through lookup_cells)."""
     path = out / f"{corpus}.idx"
     if not path.exists():
+        train, _ = CORPORA[corpus]
         subprocess.run([sys.executable, "-m", "hints", "build", "--tokens", str(REPO / train), "--out", str(path),
                         "--geometry", "auto"], cwd=REPO, check=True)
     return path
@@ -195,7 +189,7 @@ def run_cell(out, corpus, arm, seed, recipe, threads):
     train, val = CORPORA[corpus]
     cmd = [sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo", "--train-files", str(REPO / train),
            "--val-files", str(REPO / val), "--hint-tokens", "0",
-           *(["--val-index", str(val_index(out, corpus, arm))] if arm != "nohints" else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
+           *(["--val-index", str(val_index(out, corpus))] if arm != "nohints" else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     with open(out / "logs" / f"{corpus}-{arm}-s{seed}.out", "w") as log:
@@ -211,8 +205,7 @@ def run_hints_ab(args):
     recipe = shlex.split(args.recipe_args)
     (out / "recipe.json").write_text(json.dumps(dict(recipe=recipe, command=sys.argv)))
     for corpus in args.corpora:
-        for arm in ("lengths", "record"):
-            val_index(out, corpus, arm)
+        val_index(out, corpus)
     cells = [(c, a, s) for s in args.seeds for c in args.corpora for a in args.arms]  # seed-major: balanced early
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     with ThreadPoolExecutor(args.parallel) as pool:
