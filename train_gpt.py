@@ -281,7 +281,7 @@ def main(argv=None):
                                       builder_cpus, log)
     if args.val_hints != "background":
         exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
-                                      batch_size=args.val_batch_size, dist=d, log=log)
+                                      batch_size=args.val_batch_size, dist=d, log=log, record=record)
 
     # -- resume ------------------------------------------------------------------------------------
     start_step, tail, saved = 0, None, {}

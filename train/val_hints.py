@@ -11,10 +11,12 @@ import atexit
 import time
 from typing import NamedTuple
 
-from data.loader import iter_tokens
+import numpy as np
+
+from data.loader import iter_tokens, read_tokens
 from hints import HintIndex
 from hints.cells import BOS
-from hints.positional import DEFAULT_CAP, PositionalIndex
+from hints.positional import DEFAULT_CAP, PositionalIndex, exact_cells
 from hints.positional import MAGIC as POSITIONAL_MAGIC
 from hints.background import start_for_node
 from train.placement import lower_priority
@@ -67,19 +69,53 @@ EXACT_RULES_NOTE = ("rules question (the article's): may counting the validation
                     "this run counts them outside it")
 
 
-def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log):
+class ExactCells:
+    """The record's cells of this rank's val span counted exactly (hints.positional.exact_cells)
+    before the clock starts, answered by lookup_cells like an index (`tokens_added`: the training
+    tokens counted in)."""
+
+    def __init__(self, span, cells, tokens_added, seconds):
+        self.span, self.cells, self.tokens_added, self.seconds = span, cells, int(tokens_added), seconds
+        self.backend = "exact cells, cpu"
+
+    def lookup_cells(self, tokens, max_followers, boundary=BOS):
+        if not np.array_equal(tokens, self.span) or max_followers != self.cells.followers.shape[1]:
+            raise ValueError("exact val cells answer only the val span (and follower count) they were counted for")
+        return self.cells
+
+    def describe(self):
+        return (f"exact cells of {len(self.span):,} positions against {self.tokens_added:,} training tokens "
+                f"in {self.seconds:.2f}s")
+
+
+def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log,
+                          record=False):
     """Exact validation hints (`--val-hints exact|exact-gpu`): this rank's share of the val
     positions, counted in the first max_tokens training tokens by hints.exact (torch on any
-    device, or the Triton kernels on CUDA), before the clock starts."""
+    device, or the Triton kernels on CUDA), before the clock starts. record: the record's cells
+    (hints.positional.exact_cells, on the CPU; exact-gpu is refused)."""
     from hints.exact import exact_val_hints
     if mode == "exact-gpu" and not dist.cuda:
         raise SystemExit(f"error: --val-hints exact-gpu needs a CUDA device; this run is on {dist.device} "
                          f"(use --val-hints exact)")
+    if record and mode == "exact-gpu":
+        raise SystemExit("error: --val-hints exact-gpu counts per-length hints; the record's representation "
+                         "(--hint-repr record) counts its cells on the CPU: use --val-hints exact")
     if max_tokens <= 0:
         raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
                          f"give --hint-tokens > 0")
     from train.evaluate import val_split  # here: train.evaluate imports this module
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
+    if record:
+        from train.evaluate import VAL_FOLLOWERS
+        t0 = time.perf_counter()
+        span = np.asarray(val_tokens[first * seq_len:(first + n_seq) * seq_len])
+        train = read_tokens(train_files, max_tokens, strict=False)
+        cells = exact_cells(span, train, max_followers=VAL_FOLLOWERS, lengths=lengths, boundary=BOS)
+        exact = ExactCells(span, cells, len(train), time.perf_counter() - t0)
+        log(f"val hints: {exact.describe()}, outside the timed region")
+        log(EXACT_RULES_NOTE)
+        return exact
     exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
                             backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
                             start=first * seq_len, stop=(first + n_seq) * seq_len)
