@@ -87,19 +87,28 @@ def reach(tokens, boundary=BOS, segment=0, limit=REACH_MAX):
     return out
 
 
-def mask_hints(hints, tokens, boundary=BOS, lengths=None):
-    """Per-length hints (hints.Hints, (K, n) arrays over `tokens`) with document boundaries
+def mask_hints(hints, tokens, boundary=BOS, lengths=None, skip=0):
+    """Per-length hints (hints.Hints, (K, n) arrays over tokens[skip:]) with document boundaries
     applied: a length whose n-gram at t would cross a boundary gets no hint there (token -1,
-    count 0, purity 0, kind -1). Returns a new Hints; the input is left as it is."""
+    count 0, purity 0, kind -1). `tokens` starts a segment; its first `skip` tokens are context
+    only. Returns a new Hints; the input is left as it is."""
     if check_boundary(boundary) == NO_BOUNDARY:
         return hints
     lengths = np.asarray(lengths, dtype=np.int64)
-    r = reach(tokens, boundary, limit=int(lengths.max()))
+    r = reach(tokens, boundary, limit=int(lengths.max()))[skip:]
     cut = r[None, :] < lengths[:, None]
     return type(hints)(token=np.where(cut, -1, hints.token).astype(np.int32),
                        count=np.where(cut, 0, hints.count).astype(np.int32),
                        purity=np.where(cut, 0, hints.purity).astype(np.float32),
                        kind=np.where(cut, -1, hints.kind).astype(np.int16))
+
+
+def describe_boundary(boundary):
+    """One line saying which boundary rule a lookup used."""
+    b = check_boundary(boundary)
+    if b == NO_BOUNDARY:
+        return "boundaries: none (n-grams run across documents)"
+    return f"boundaries: n-grams restart at every BOS ({b}) and at the start of the token stream"
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

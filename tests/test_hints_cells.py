@@ -316,3 +316,23 @@ def test_hint_index_cells_equal_the_reference(stdlib_stream):
     got = idx.lookup_cells(query, max_followers=1)
     hit = got.depth >= 0
     assert np.array_equal(got.count[hit], h.count[got.depth[hit].astype(int), np.flatnonzero(hit)])
+
+
+def test_stats_apply_and_name_the_boundary_rule():
+    """hint_stats restarts n-grams at BOS across its lookup chunks, counts what a whole-stream
+    masked lookup counts, and says which rule it used."""
+    from hints import Geometry, HintIndex
+    from hints.stats import format_stats, hint_stats
+    stream = planted(5, 12000, bos_every=60)
+    idx = HintIndex(Geometry(6, 10, 64))
+    idx.add(stream[:8000])
+    val = stream[7000:]
+    h = mask_hints(idx.lookup(val), val, BOS, LENGTHS)
+    right = (h.token[:, :-1] >= 0) & (h.token[:, :-1] == val[1:].astype(np.int32)[None])
+    for chunk in (777, 1 << 20):
+        st = hint_stats(idx, val, chunk=chunk)
+        assert st["covered"] == (h.token[:, :-1] >= 0).sum(1).tolist()
+        assert st["correct"] == right.sum(1).tolist()
+    assert "restart at every BOS" in format_stats(st)
+    off = hint_stats(idx, val, boundary=None)
+    assert off["covered"] != st["covered"] and "none" in format_stats(off)
