@@ -252,7 +252,7 @@ def test_save_load_map_and_phases(tmp_path, stdlib_stream):
     for s in range(steps):
         idx = load_covering(tmp_path, s * G, timeout=0)
         assert idx.tokens == min(e for e in ends if e >= s * G)
-        assert not idx.keys.flags.writeable
+        assert not idx.table.flags.writeable
         tok = stream[s * G:s * G + bt]
         assert_cells_equal(idx.lookup_cells(tok, s * G), full.lookup_cells(tok, s * G), f"step {s}")
     with pytest.raises(ValueError, match="holds only"):
