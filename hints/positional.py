@@ -39,6 +39,7 @@ from .cells import (BOS, N_TOKEN_IDS, Cells, check_boundary, check_max_followers
                     with_kinds, empty_cells)
 from .exact import multipliers
 from .geometry import DEFAULT_LENGTHS, MAX_LENGTH
+from .index import alloc
 
 U64 = np.uint64
 SORT_BITS = 42           # entries are sorted by the top 42 bits of their key (3 radix passes of 14)
@@ -119,13 +120,13 @@ def radix_sort(keys, pos, n, tk, tp):
         pos[:n] = src_p[:n]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def make_table(s, rs, keys, pos, lengths, mults, table):
     """The sorted entries as table rows: [key, position | follower << 32 | reach << 48, then the
     fingerprint of each extension (the tokens L_{k-1} .. L_k - 1 back; 0 where the reach falls
     short, never compared there)]."""
     K = lengths.shape[0]
-    for i in range(pos.shape[0]):
+    for i in numba.prange(pos.shape[0]):  # rows are independent: the build's one parallel loop
         j = np.int64(pos[i])
         r = rs[j]
         table[i, 0] = keys[i]
@@ -381,11 +382,11 @@ class PositionalIndex:
         tk, tp = np.empty(n, np.uint64), np.empty(n, np.uint32)
         radix_sort(keys, pos, n, tk, tp)
         del tk, tp
-        table = np.empty((n, len(lengths) + 1), np.uint64)
+        table = alloc((n, len(lengths) + 1), np.uint64)  # huge pages: fewer TLB misses in the lookups' walks
         make_table(s, rs, keys[:n], pos[:n], np.array(lengths, np.int64), MULTS, table)
         del keys, pos
         dir_bits = dir_bits_for(n) if dir_bits is None else int(dir_bits)
-        directory = np.empty((1 << dir_bits) + 1, np.int64)
+        directory = alloc(((1 << dir_bits) + 1,), np.int64)
         make_directory(table, n, dir_bits, directory)
         return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, table=table,
                    directory=directory)

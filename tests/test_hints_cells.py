@@ -290,7 +290,7 @@ def test_bad_inputs(tmp_path):
 
 # ---- the background index and the exact path -------------------------------------------------------
 
-def test_hint_index_cells_equal_the_reference(stdlib_stream):
+def test_hint_index_cells_equal_the_reference(stdlib_stream, tmp_path):
     """HintIndex.lookup_cells (growing, then sealed) and exact_cells equal the reference with no
     position filter and no cap, where nothing was dropped or collided."""
     from hints import Geometry, HintIndex, ReferenceIndex
@@ -310,6 +310,9 @@ def test_hint_index_cells_equal_the_reference(stdlib_stream):
     assert_cells_equal(exact_cells(query, train, max_followers=8), want, "exact")
     idx.seal()
     assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "sealed")
+    idx.save(tmp_path / "bg.idx")
+    mapped = HintIndex.load(tmp_path / "bg.idx", mmap=True)
+    assert_cells_equal(pick(mapped.lookup_cells(query, max_followers=8)), pick(want), "sealed, saved and mapped")
     # the boundary rule matters here: without BOS restarts the answer differs
     assert not same(idx.lookup_cells(query, boundary=None), idx.lookup_cells(query))
     # the deepest length's count is the per-length lookup's count there
