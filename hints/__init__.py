@@ -9,7 +9,7 @@ from .exact import count_exact
 from .geometry import Geometry
 from .index import HintIndex, Hints
 from .kinds import KINDS_PER_LENGTH, cell_of, n_cells, n_kinds
-from .positional import PositionalIndex
+from .positional import PositionalIndex, exact_cells
 from .reference import ReferenceIndex
 
-__all__ = ["BOS", "Cells", "PositionalIndex", "cell_of", "n_cells", "count_exact", "Geometry", "HintIndex", "Hints", "ReferenceIndex", "KINDS_PER_LENGTH", "n_kinds"]
+__all__ = ["BOS", "Cells", "PositionalIndex", "exact_cells", "cell_of", "n_cells", "count_exact", "Geometry", "HintIndex", "Hints", "ReferenceIndex", "KINDS_PER_LENGTH", "n_kinds"]

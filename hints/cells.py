@@ -26,7 +26,7 @@ from .kinds import cell_of
 # boundaries, n-grams restart at every BOS.
 BOS = 50256
 NO_BOUNDARY = -1  # `boundary` value for "no BOS restarts" (segments still restart)
-INSERTION_SORT_MAX = 16  # followers sorted by insertion up to this many, by ndarray.sort beyond
+N_TOKEN_IDS = 1 << 16    # follower counters are indexed by token id (uint16)
 REACH_MAX = 255   # reach is kept in a uint8: n-gram lengths are at most 64 (geometry.MAX_LENGTH)
 
 
@@ -87,14 +87,15 @@ def reach(tokens, boundary=BOS, segment=0, limit=REACH_MAX):
     return out
 
 
-def mask_hints(hints, tokens, boundary=BOS, lengths=None):
-    """Per-length hints (hints.Hints, (K, n) arrays over `tokens`) with document boundaries
+def mask_hints(hints, tokens, boundary=BOS, lengths=None, skip=0):
+    """Per-length hints (hints.Hints, (K, n) arrays over tokens[skip:]) with document boundaries
     applied: a length whose n-gram at t would cross a boundary gets no hint there (token -1,
-    count 0, purity 0, kind -1). Returns a new Hints; the input is left as it is."""
+    count 0, purity 0, kind -1). `tokens` starts a segment; its first `skip` tokens are context
+    only. Returns a new Hints; the input is left as it is."""
     if check_boundary(boundary) == NO_BOUNDARY:
         return hints
     lengths = np.asarray(lengths, dtype=np.int64)
-    r = reach(tokens, boundary, limit=int(lengths.max()))
+    r = reach(tokens, boundary, limit=int(lengths.max()))[skip:]
     cut = r[None, :] < lengths[:, None]
     return type(hints)(token=np.where(cut, -1, hints.token).astype(np.int32),
                        count=np.where(cut, 0, hints.count).astype(np.int32),
@@ -102,46 +103,39 @@ def mask_hints(hints, tokens, boundary=BOS, lengths=None):
                        kind=np.where(cut, -1, hints.kind).astype(np.int16))
 
 
+def describe_boundary(boundary):
+    """One line saying which boundary rule a lookup used."""
+    b = check_boundary(boundary)
+    if b == NO_BOUNDARY:
+        return "boundaries: none (n-grams run across documents)"
+    return f"boundaries: n-grams restart at every BOS ({b}) and at the start of the token stream"
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def top_followers(toks, m, F, out_tok, out_cnt, t):
-    """Sort toks[:m] (follower ids) in place (unless all are one id), then write the F most frequent distinct ones (count
-    desc, ties to the smaller id) and their counts to out_tok[t], out_cnt[t] (-1 / 0 padding).
-    Returns the top count (0 when m == 0)."""
-    pure = 1
-    for i in range(1, m):  # most runs have one follower: no sort then
-        pure &= toks[i] == toks[0]
-    if not pure:
-        if m <= INSERTION_SORT_MAX:
-            for i in range(1, m):
-                x = toks[i]
-                j = i - 1
-                while j >= 0 and toks[j] > x:
-                    toks[j + 1] = toks[j]
-                    j -= 1
-                toks[j + 1] = x
-        else:
-            toks[:m].sort()
+def top_followers(toks, m, F, out_tok, out_cnt, t, counter):
+    """Count the follower ids toks[:m] in `counter` (int32 per token id, all zero; left all zero),
+    then write the F most frequent distinct ones (count desc, ties to the smaller id) and their
+    counts to out_tok[t], out_cnt[t] (-1 / 0 padding). Returns the top count (0 when m == 0)."""
     for f in range(F):
         out_tok[t, f] = -1
         out_cnt[t, f] = 0
+    for i in range(m):
+        counter[toks[i]] += 1
     top = 0
-    i = 0
-    while i < m:
-        j = i
-        while j < m and toks[j] == toks[i]:
-            j += 1
-        c = j - i
+    for i in range(m):
+        x = toks[i]
+        c = np.int64(counter[x])
+        if c == 0:  # counted already
+            continue
+        counter[x] = 0
         top = max(top, c)
-        # insert (toks[i], c) into the kept list: strictly more frequent first; ascending ids keep
-        # ties in id order because runs arrive in ascending id order
         f = F
-        while f > 0 and out_cnt[t, f - 1] < c:
+        while f > 0 and (out_cnt[t, f - 1] < c or (out_cnt[t, f - 1] == c and out_tok[t, f - 1] > x)):
             f -= 1
         if f < F:
             for g in range(F - 1, f, -1):
                 out_tok[t, g] = out_tok[t, g - 1]
                 out_cnt[t, g] = out_cnt[t, g - 1]
-            out_tok[t, f] = toks[i]
+            out_tok[t, f] = x
             out_cnt[t, f] = c
-        i = j
     return top

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from data.loader import SPEEDRUN_VAL_TOKENS
 from data.units import parse_token_count
 
+from .cells import BOS
 from .geometry import DEFAULT_LENGTHS, PRESETS, Geometry, parse_lengths
 from .index import HintIndex
 from .stats import format_stats, hint_stats
@@ -63,6 +64,11 @@ def cmd_lookup(args):
         print(f"{t:>3}  {enc.decode([int(toks[t])])!r:<14} " + "  ".join(cells))
 
 
+def boundary_arg(args):
+    """--boundaries: 'bos' (n-grams restart at every BOS, the default) or 'none'."""
+    return BOS if args.boundaries == "bos" else None
+
+
 def cmd_stats(args):
     idx = HintIndex.load(args.index, mmap=True, verify=args.verify, workers=args.workers)
     s = idx.stats()
@@ -77,7 +83,7 @@ def cmd_stats(args):
         n = count_tokens(args.tokens, args.max_tokens)
         toks = read_all(args.tokens, args.max_tokens)
         with tqdm(total=max(0, n - 1), unit="pos", unit_scale=True, desc="stats") as bar:
-            st = hint_stats(idx, toks, progress=bar)
+            st = hint_stats(idx, toks, progress=bar, boundary=boundary_arg(args))
         print(format_stats(st, per_kind=not args.no_kinds))
         if args.json:
             with open(args.json, "w") as f:
@@ -150,7 +156,11 @@ def cmd_scaling(args):
     val = read_all(args.val, args.val_tokens)
     geom = Geometry.parse(args.geometry, max_tokens, args.lengths)
     print(f"hint-corpus ladder {[f'{n:,}' for n in sizes]} over {args.train}; {val.size:,} validation tokens")
-    run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
+    run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers, boundary=boundary_arg(args))
+
+
+BOUNDARIES_HELP = ("document boundaries: 'bos' (default) restarts n-grams at every BOS token (GPT-2's "
+                   "<|endoftext|>), as training and validation lookups do; 'none' lets them run across documents")
 
 
 def main(argv=None):
@@ -187,6 +197,7 @@ def main(argv=None):
     common(p, tokens_required=False)
     p.add_argument("--verify", action="store_true", help="also verify the data checksum (reads the whole file)")
     p.add_argument("--no-kinds", action="store_true", help="omit the per-kind table")
+    p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.add_argument("--json", default=None, help="write the numbers to this JSON file")
     p.set_defaults(fn=cmd_stats)
 
@@ -243,6 +254,7 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", default="runs/scaling", help="output directory")
+    p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.set_defaults(fn=cmd_scaling)
 
     args = ap.parse_args(argv)

@@ -16,7 +16,8 @@ import numba
 import numpy as np
 
 from . import kernels
-from .cells import BOS, check_boundary, check_max_followers, empty_cells, mask_hints, top_followers, with_kinds
+from .cells import (BOS, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, mask_hints, top_followers,
+                    with_kinds)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -29,6 +30,7 @@ def followers_kernel(q, depth, table, fill, lengths, pows, partition_bits, bucke
     F = out_tok.shape[1]
     r = np.zeros(K, np.uint64)
     toks = np.empty(2 * slots, np.int64)
+    counter = np.zeros(N_TOKEN_IDS, np.int32)
     for t in range(q.shape[0]):
         d = depth[t]
         if d < 0:
@@ -57,7 +59,7 @@ def followers_kernel(q, depth, table, fill, lengths, pows, partition_bits, bucke
                     toks[m] = np.int64(s & np.uint64(0xFFFF))
                     m += 1
         count[t] = m
-        top_followers(toks, m, F, out_tok, out_cnt, t)
+        top_followers(toks, m, F, out_tok, out_cnt, t, counter)
 
 
 def index_cells(idx, tokens, max_followers=8, boundary=BOS):

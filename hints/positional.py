@@ -35,10 +35,11 @@ import numba
 import numpy as np
 
 from . import kernels
-from .cells import (BOS, Cells, check_boundary, check_max_followers, reach_into, top_followers,
+from .cells import (BOS, N_TOKEN_IDS, Cells, check_boundary, check_max_followers, reach_into, top_followers,
                     with_kinds, empty_cells)
 from .exact import multipliers
 from .geometry import DEFAULT_LENGTHS, MAX_LENGTH
+from .index import alloc
 
 U64 = np.uint64
 SORT_BITS = 42           # entries are sorted by the top 42 bits of their key (3 radix passes of 14)
@@ -49,8 +50,11 @@ DEFAULT_CAP = 96         # occurrences a position is resolved against, the most 
 TRAIN_FOLLOWERS = 2      # distinct followers kept per training position (cells_interface: training 2)
 LINEAR_STEPS = 16        # entries a lookup scans for its run's ends before it binary-searches
 PREFETCH_AHEAD = 16      # positions between a lookup's directory prefetch and its use
+WALK_PREFETCH_LINES = 4  # lines prefetched where a lookup's walk back starts (the hardware follows on)
+ENTRIES_PER_LINE = 2     # 64-byte lines hold two 32-byte entries (3 lengths: 4 words)
+POS_MASK = U64(0xFFFFFFFF)
 MAGIC = b"NGPOSIDX"
-VERSION = 2
+VERSION = 3
 PAGE = 4096
 # magic, version, n_lengths, lengths[8], boundary, segment, tokens, entries, dir_bits
 _HEADER = struct.Struct("<8sII8IqqqqI")
@@ -116,58 +120,59 @@ def radix_sort(keys, pos, n, tk, tp):
         pos[:n] = src_p[:n]
 
 
-@numba.njit(cache=True, nogil=True)
-def make_payload(s, rs, pos, lengths, mults, follower, ereach, ext):
-    """Per sorted entry: its follower, its reach, and the fingerprint of each extension (the tokens
-    L_{k-1} .. L_k - 1 back; 0 where the reach falls short, never compared there)."""
+@numba.njit(cache=True, nogil=True, parallel=True)
+def make_table(s, rs, keys, pos, lengths, mults, table):
+    """The sorted entries as table rows: [key, position | follower << 32 | reach << 48, then the
+    fingerprint of each extension (the tokens L_{k-1} .. L_k - 1 back; 0 where the reach falls
+    short, never compared there)]."""
     K = lengths.shape[0]
-    for i in range(pos.shape[0]):
+    for i in numba.prange(pos.shape[0]):  # rows are independent: the build's one parallel loop
         j = np.int64(pos[i])
-        follower[i] = s[j + 1]
         r = rs[j]
-        ereach[i] = r
+        table[i, 0] = keys[i]
+        table[i, 1] = U64(j) | (U64(s[j + 1]) << U64(32)) | (U64(r) << U64(48))
         for k in range(1, K):
-            ext[i, k - 1] = fingerprint(s, j, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
+            table[i, 1 + k] = fingerprint(s, j, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
 
 
 @numba.njit(cache=True, nogil=True)
-def make_directory(keys, n, dir_bits, directory):
+def make_directory(table, n, dir_bits, directory):
     """directory[b] = first entry whose key's top dir_bits bits are >= b (b = 0 .. 2^dir_bits)."""
     sh = U64(64 - dir_bits)
     m = directory.shape[0] - 1
     i = 0
     for b in range(m + 1):
-        while i < n and np.int64(keys[i] >> sh) < b:
+        while i < n and np.int64(table[i, 0] >> sh) < b:
             i += 1
         directory[b] = i
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def run_of(keys, directory, b, skey, sort_mask):
+def run_of(e, directory, b, skey, sort_mask):
     """[lo, hi): the entries of directory bucket b whose sorted bits equal skey. A bucket holds
     about one key, so both ends are found by short linear scans (at most LINEAR_STEPS entries, then
     a binary search: a rare key may share its bucket with a frequent one)."""
     lo, end = directory[b], directory[b + 1]
     z = min(end, lo + LINEAR_STEPS)
-    while lo < z and (keys[lo] & sort_mask) < skey:
+    while lo < z and (e[lo, 0] & sort_mask) < skey:
         lo += 1
     if lo == z and z < end:
         z = end
         while lo < z:
             mid = (lo + z) >> 1
-            if (keys[mid] & sort_mask) < skey:
+            if (e[mid, 0] & sort_mask) < skey:
                 lo = mid + 1
             else:
                 z = mid
     hi = end
     z = max(lo, end - LINEAR_STEPS)
-    while hi > z and (keys[hi - 1] & sort_mask) > skey:
+    while hi > z and (e[hi - 1, 0] & sort_mask) > skey:
         hi -= 1
     if hi == z and z > lo:
         a = lo
         while a < hi:
             mid = (a + hi) >> 1
-            if (keys[mid] & sort_mask) <= skey:
+            if (e[mid, 0] & sort_mask) <= skey:
                 a = mid + 1
             else:
                 hi = mid
@@ -175,35 +180,40 @@ def run_of(keys, directory, b, skey, sort_mask):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def first_after(pos, lo, hi, last):
+def position(e, i):
+    return np.int64(e[i, 1] & POS_MASK)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def first_after(e, lo, hi, last):
     """The first index in [lo, hi) whose position is > last (positions ascend in a run): checks
     both ends, then interpolates (a frequent n-gram's positions spread evenly over the stream) and
     gallops from the guess to a bracket it binary-searches."""
-    if hi <= lo or np.int64(pos[hi - 1]) <= last:
+    if hi <= lo or position(e, hi - 1) <= last:
         return hi
-    if np.int64(pos[lo]) > last:
+    if position(e, lo) > last:
         return lo
-    p0, p1 = np.int64(pos[lo]), np.int64(pos[hi - 1])
+    p0, p1 = position(e, lo), position(e, hi - 1)
     g = lo + (hi - 1 - lo) * (last - p0) // max(1, p1 - p0)
     g = min(max(g, lo), hi - 1)
     # bracket [a, z): pos[a - 1] <= last < pos[z] ... by galloping from g
-    if np.int64(pos[g]) <= last:
+    if position(e, g) <= last:
         a, step = g + 1, 1
         z = min(hi, a + step)
-        while z < hi and np.int64(pos[z]) <= last:
+        while z < hi and position(e, z) <= last:
             a = z + 1
             step *= 2
             z = min(hi, a + step)
     else:
         z, step = g, 1
         a = max(lo, z - step)
-        while a > lo and np.int64(pos[a]) > last:
+        while a > lo and position(e, a) > last:
             z = a
             step *= 2
             a = max(lo, z - step)
     while a < z:
         mid = (a + z) >> 1
-        if np.int64(pos[mid]) <= last:
+        if position(e, mid) <= last:
             a = mid + 1
         else:
             z = mid
@@ -211,26 +221,29 @@ def first_after(pos, lo, hi, last):
 
 
 @numba.njit(cache=True, nogil=True)
-def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, lengths, mults, last, cap,
-                  depth, count, out_tok, out_cnt):
+def lookup_kernel(q, rq, e, directory, dir_bits, lengths, mults, last, cap, depth, count, out_tok, out_cnt):
     """Cells of every query position (hints.cells; module docstring). last = the largest stream
     position whose follower is before `before` (entries j <= last count); cap <= 0: no cap.
-    First every position's key and directory bucket; then, PREFETCH_AHEAD positions ahead, the
-    bucket's directory entry, and half as far ahead the lines at its run's end, where the walk back
-    from the newest occurrences starts."""
+    First every position's key and directory bucket; then a pipeline: AHEAD positions ahead the
+    bucket's directory entry is prefetched, AHEAD / 2 ahead it is read and the lines at its run's
+    ends are prefetched, AHEAD / 4 ahead the run and the walk's start are found and the walk's first
+    lines prefetched, and the position itself walks back over at most `cap` occurrences."""
     n = q.shape[0]
     L0 = lengths[0]
     K = lengths.shape[0]
     F = out_tok.shape[1]
     sort_mask = ~((U64(1) << U64(64 - SORT_BITS)) - U64(1))
     dsh = U64(64 - dir_bits)
-    ncap = cap if cap > 0 else keys.shape[0]
-    size = max(1, min(ncap, keys.shape[0]))
+    ncap = cap if cap > 0 else e.shape[0]
+    size = max(1, min(ncap, e.shape[0]))
     cand_m = np.empty(size, np.int64)
     cand_t = np.empty(size, np.int64)
     toks = np.empty(size, np.int64)
+    counter = np.zeros(N_TOKEN_IDS, np.int32)
     qkey = np.zeros(n, np.uint64)
     qb = np.full(n, -1, np.int64)
+    qlo = np.zeros(n, np.int64)
+    qa = np.zeros(n, np.int64)
     qext = np.zeros((n, max(1, K - 1)), np.uint64)
     for t in range(n):
         r = np.int64(rq[t])
@@ -239,18 +252,27 @@ def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, 
             qb[t] = np.int64(qkey[t] >> dsh)
             for k in range(1, K):
                 qext[t, k - 1] = fingerprint(q, t, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
-    half = PREFETCH_AHEAD // 2
-    for t in range(n):
-        if t + PREFETCH_AHEAD < n and qb[t + PREFETCH_AHEAD] >= 0:
-            kernels.prefetch1(directory, qb[t + PREFETCH_AHEAD])
-        if t + half < n and qb[t + half] >= 0:
-            e = directory[qb[t + half] + 1] - 1
-            if e >= 0:
-                kernels.prefetch1(keys, e)
-                kernels.prefetch1(pos, e)
-                kernels.prefetch1(follower, e)
-                kernels.prefetch1(ereach, e)
-                kernels.prefetch2(ext, e, 0)
+    A1, A2, A3 = PREFETCH_AHEAD, PREFETCH_AHEAD // 2, PREFETCH_AHEAD // 4
+    for t in range(-A1, n):
+        u = t + A1
+        if u < n and qb[u] >= 0:
+            kernels.prefetch1(directory, qb[u])
+        u = t + A2
+        if 0 <= u < n and qb[u] >= 0:
+            lo, hi = directory[qb[u]], directory[qb[u] + 1]
+            if hi > lo:
+                kernels.prefetch2(e, lo, 0)
+                kernels.prefetch2(e, hi - 1, 0)
+        u = t + A3
+        if 0 <= u < n and qb[u] >= 0:
+            lo, hi = run_of(e, directory, qb[u], qkey[u] & sort_mask, sort_mask)
+            a = first_after(e, lo, hi, last)
+            qlo[u], qa[u] = lo, a
+            for x in range(1, 1 + WALK_PREFETCH_LINES * ENTRIES_PER_LINE, ENTRIES_PER_LINE):
+                if a - x >= lo:
+                    kernels.prefetch2(e, a - x, 0)
+        if t < 0:
+            continue
         depth[t] = -1
         count[t] = 0
         for f in range(F):
@@ -260,21 +282,22 @@ def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, 
             continue
         key = qkey[t]
         r = np.int64(rq[t])
-        lo, hi = run_of(keys, directory, qb[t], key & sort_mask, sort_mask)
-        i = first_after(pos, lo, hi, last) - 1
+        lo = qlo[t]
+        i = qa[t] - 1
         m = 0
         deepest = 0
         while i >= lo and m < ncap:
-            if keys[i] == key:
+            if e[i, 0] == key:
+                w = e[i, 1]
+                er = np.int64(w >> U64(48))
                 d = 0
-                er = np.int64(ereach[i])
                 for k in range(1, K):
-                    if r >= lengths[k] and er >= lengths[k] and ext[i, k - 1] == qext[t, k - 1]:
+                    if r >= lengths[k] and er >= lengths[k] and e[i, 1 + k] == qext[t, k - 1]:
                         d = k
                     else:
                         break
                 cand_m[m] = d
-                cand_t[m] = follower[i]
+                cand_t[m] = np.int64((w >> U64(32)) & U64(0xFFFF))
                 m += 1
                 deepest = max(deepest, d)
             i -= 1
@@ -287,7 +310,7 @@ def lookup_kernel(q, rq, keys, pos, follower, ereach, ext, directory, dir_bits, 
                 c += 1
         depth[t] = deepest
         count[t] = c
-        top_followers(toks, c, F, out_tok, out_cnt, t)
+        top_followers(toks, c, F, out_tok, out_cnt, t, counter)
 
 
 def _as_stream(tokens, name):
@@ -317,7 +340,7 @@ class PositionalIndex:
     idx.save(path); PositionalIndex.load(path)                      # read-only mapping
     """
 
-    ARRAYS = ("keys", "pos", "follower", "reach", "ext", "directory")
+    ARRAYS = ("table", "directory")
 
     def __init__(self, tokens, lengths, boundary, segment, dir_bits, path=None, build_s=None, **arrays):
         self.tokens, self.lengths, self.boundary, self.segment = int(tokens), tuple(lengths), boundary, segment
@@ -327,7 +350,7 @@ class PositionalIndex:
 
     @property
     def entries(self):
-        return int(self.keys.shape[0])
+        return int(self.table.shape[0])
 
     @property
     def nbytes(self):
@@ -359,16 +382,14 @@ class PositionalIndex:
         tk, tp = np.empty(n, np.uint64), np.empty(n, np.uint32)
         radix_sort(keys, pos, n, tk, tp)
         del tk, tp
-        keys, pos = keys[:n].copy(), pos[:n].copy()
-        lens = np.array(lengths, np.int64)
-        follower, ereach = np.empty(n, np.uint16), np.empty(n, np.uint8)
-        ext = np.empty((n, len(lengths) - 1), np.uint64)
-        make_payload(s, rs, pos, lens, MULTS, follower, ereach, ext)
+        table = alloc((n, len(lengths) + 1), np.uint64)  # huge pages: fewer TLB misses in the lookups' walks
+        make_table(s, rs, keys[:n], pos[:n], np.array(lengths, np.int64), MULTS, table)
+        del keys, pos
         dir_bits = dir_bits_for(n) if dir_bits is None else int(dir_bits)
-        directory = np.empty((1 << dir_bits) + 1, np.int64)
-        make_directory(keys, n, dir_bits, directory)
-        return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, keys=keys, pos=pos,
-                   follower=follower, reach=ereach, ext=ext, directory=directory)
+        directory = alloc(((1 << dir_bits) + 1,), np.int64)
+        make_directory(table, n, dir_bits, directory)
+        return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, table=table,
+                   directory=directory)
 
     def lookup_cells(self, tokens, before, cap=DEFAULT_CAP, max_followers=TRAIN_FOLLOWERS, boundary=BOS):
         """Cells of every position of `tokens` (one segment: n-grams restart at its start and at
@@ -397,9 +418,8 @@ class PositionalIndex:
         count = np.empty(n, np.int32)
         out_tok = np.empty((n, F), np.int32)
         out_cnt = np.empty((n, F), np.int32)
-        lookup_kernel(q, rq, self.keys, self.pos, self.follower, self.reach, self.ext, self.directory, self.dir_bits,
-                      np.array(self.lengths, np.int64), MULTS, before - 2, 0 if cap is None else int(cap),
-                      depth, count, out_tok, out_cnt)
+        lookup_kernel(q, rq, self.table, self.directory, self.dir_bits, np.array(self.lengths, np.int64), MULTS,
+                      before - 2, 0 if cap is None else int(cap), depth, count, out_tok, out_cnt)
         return with_kinds(depth, count, out_tok, out_cnt)
 
     # ---- files --------------------------------------------------------------------------------
@@ -434,8 +454,7 @@ class PositionalIndex:
         if version != VERSION:
             raise ValueError(f"{path}: positional index version {version}, expected {VERSION}")
         lengths, (boundary, segment, tokens, n, dir_bits) = rest[:nl], rest[8:]
-        shapes = dict(keys=((n,), np.uint64), pos=((n,), np.uint32), follower=((n,), np.uint16),
-                      reach=((n,), np.uint8), ext=((n, nl - 1), np.uint64), directory=(((1 << dir_bits) + 1,), np.int64))
+        shapes = dict(table=((n, nl + 1), np.uint64), directory=(((1 << dir_bits) + 1,), np.int64))
         size, off, arrays = os.path.getsize(path), HEADER_BYTES, {}
         for name in cls.ARRAYS:
             shape, dtype = shapes[name]

@@ -252,7 +252,7 @@ def test_save_load_map_and_phases(tmp_path, stdlib_stream):
     for s in range(steps):
         idx = load_covering(tmp_path, s * G, timeout=0)
         assert idx.tokens == min(e for e in ends if e >= s * G)
-        assert not idx.keys.flags.writeable
+        assert not idx.table.flags.writeable
         tok = stream[s * G:s * G + bt]
         assert_cells_equal(idx.lookup_cells(tok, s * G), full.lookup_cells(tok, s * G), f"step {s}")
     with pytest.raises(ValueError, match="holds only"):
@@ -290,7 +290,7 @@ def test_bad_inputs(tmp_path):
 
 # ---- the background index and the exact path -------------------------------------------------------
 
-def test_hint_index_cells_equal_the_reference(stdlib_stream):
+def test_hint_index_cells_equal_the_reference(stdlib_stream, tmp_path):
     """HintIndex.lookup_cells (growing, then sealed) and exact_cells equal the reference with no
     position filter and no cap, where nothing was dropped or collided."""
     from hints import Geometry, HintIndex, ReferenceIndex
@@ -310,9 +310,32 @@ def test_hint_index_cells_equal_the_reference(stdlib_stream):
     assert_cells_equal(exact_cells(query, train, max_followers=8), want, "exact")
     idx.seal()
     assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "sealed")
+    idx.save(tmp_path / "bg.idx")
+    mapped = HintIndex.load(tmp_path / "bg.idx", mmap=True)
+    assert_cells_equal(pick(mapped.lookup_cells(query, max_followers=8)), pick(want), "sealed, saved and mapped")
     # the boundary rule matters here: without BOS restarts the answer differs
     assert not same(idx.lookup_cells(query, boundary=None), idx.lookup_cells(query))
     # the deepest length's count is the per-length lookup's count there
     got = idx.lookup_cells(query, max_followers=1)
     hit = got.depth >= 0
     assert np.array_equal(got.count[hit], h.count[got.depth[hit].astype(int), np.flatnonzero(hit)])
+
+
+def test_stats_apply_and_name_the_boundary_rule():
+    """hint_stats restarts n-grams at BOS across its lookup chunks, counts what a whole-stream
+    masked lookup counts, and says which rule it used."""
+    from hints import Geometry, HintIndex
+    from hints.stats import format_stats, hint_stats
+    stream = planted(5, 12000, bos_every=60)
+    idx = HintIndex(Geometry(6, 10, 64))
+    idx.add(stream[:8000])
+    val = stream[7000:]
+    h = mask_hints(idx.lookup(val), val, BOS, LENGTHS)
+    right = (h.token[:, :-1] >= 0) & (h.token[:, :-1] == val[1:].astype(np.int32)[None])
+    for chunk in (777, 1 << 20):
+        st = hint_stats(idx, val, chunk=chunk)
+        assert st["covered"] == (h.token[:, :-1] >= 0).sum(1).tolist()
+        assert st["correct"] == right.sum(1).tolist()
+    assert "restart at every BOS" in format_stats(st)
+    off = hint_stats(idx, val, boundary=None)
+    assert off["covered"] != st["covered"] and "none" in format_stats(off)
