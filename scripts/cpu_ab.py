@@ -213,33 +213,44 @@ def run_hints_ab(args):
 
 
 def hints_table(out):
-    """Markdown: per corpus and arm, val loss with / without hints, mean +- sd over the seeds found."""
+    """Markdown: per corpus and arm, val loss with / without hints, and the gain over the no-hints arm
+    paired by seed (same init and batches), mean +- sd over the seeds found."""
     out = Path(out)
     runs = {}
     for f in sorted(out.glob("*-s*.json")):
         corpus, arm, seed = f.stem.rsplit("-", 2)
-        runs.setdefault((corpus, arm), []).append(json.loads(f.read_text()))
+        runs.setdefault((corpus, arm), {})[int(seed[1:])] = json.loads(f.read_text())
     recipe = json.loads((out / "recipe.json").read_text())["recipe"] if (out / "recipe.json").exists() else []
 
     def cell(values):
         values = [v for v in values if v is not None]
         if not values:
             return "n/a"
-        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        return f"{statistics.fmean(values):.4f} +- {sd:.4f} (n={len(values)})"
+        sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else "n/a"
+        return f"{statistics.fmean(values):.4f} +- {sd} (n={len(values)})"
+
+    def paired(corpus, arm, base_arm, key="val_loss_hints", base_key="val_loss_nohints"):
+        a, b = runs.get((corpus, arm), {}), runs.get((corpus, base_arm), {})
+        return [b[s][base_key] - a[s][key] for s in sorted(a.keys() & b.keys())
+                if a[s][key] is not None and b[s][base_key] is not None]
 
     lines = [f"recipe: train_gpt.py --preset demo {' '.join(recipe)}".rstrip(), "",
-             "| corpus | arm | val loss with hints | val loss without hints | train loss (last) | ms/step |",
+             "| corpus | arm | val loss with hints | val loss without hints | gain over --no-hints (paired) | ms/step |",
              "|---|---|---|---|---|---|"]
     for (corpus, arm), rs in sorted(runs.items()):
-        last = [r["train_losses"][-1][1] if r.get("train_losses") else None for r in rs]
+        rs = list(rs.values())
         hinted = [r["val_loss_hints"] for r in rs] if arm != "nohints" else []
-        lines.append(f"| {corpus} | {arm} | {cell(hinted)} | {cell([r['val_loss_nohints'] for r in rs])} | "
-                     f"{cell(last)} | {statistics.fmean(r['step_ms'] for r in rs):.0f} |")
-    lines += ["", "per seed, val loss with hints (hinted arms) or without (nohints):"]
+        gain = cell(paired(corpus, arm, "nohints")) if arm != "nohints" else "-"
+        lines.append(f"| {corpus} | {arm} | {cell(hinted)} | {cell([r['val_loss_nohints'] for r in rs])} | {gain} | "
+                     f"{statistics.fmean(r['step_ms'] for r in rs):.0f} |")
+    lines += ["", "record against lengths, paired by seed (positive: record's val loss with hints is lower):"]
+    for corpus in sorted({c for c, _ in runs}):
+        lines.append(f"- {corpus}: {cell(paired(corpus, 'record', 'lengths', base_key='val_loss_hints'))}")
+    lines += ["", "per seed (seed: val loss with hints for the hinted arms, without for nohints):"]
     for (corpus, arm), rs in sorted(runs.items()):
         key = "val_loss_nohints" if arm == "nohints" else "val_loss_hints"
-        lines.append(f"- {corpus} {arm}: " + ", ".join(f"{r[key]:.4f}" if r[key] is not None else "n/a" for r in rs))
+        lines.append(f"- {corpus} {arm}: " + ", ".join(
+            f"s{s} {r[key]:.4f}" if r[key] is not None else f"s{s} n/a" for s, r in sorted(rs.items())))
     return "\n".join(lines)
 
 
