@@ -60,6 +60,10 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # article: 28 s), and later hints are dropped, not wrong.
 LLMC_TRAIN_INDEX_GEOMETRY = "10,14,176"
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
+# Every preset's hint representation: "lengths" won the CPU A/B (docs/hints_ab.md) on both corpora,
+# every seed, at 40 and 150 steps, so it stays the default and the record preset's too; "record"
+# (the record's cells and its positional index) is one flag away: --hint-repr record.
+DEFAULT_HINT_REPR = "lengths"
 
 PRESETS = {
     # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, up
@@ -73,7 +77,7 @@ PRESETS = {
                    val_files="data/fineweb10B/fineweb_val_*.bin",
                    hint_files="data/fineweb100B/fineweb_train_*.bin",  # the article: 37B FineWeb100B tokens
                    hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 37B
-                   hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10, hint_repr="record"),
+                   hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10, hint_repr=DEFAULT_HINT_REPR),
     # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
     # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
     # tokens with and without hints take ~4 minutes.
@@ -82,7 +86,7 @@ PRESETS = {
                  val_tokens=32_768, val_every=150, val_batch_size=8,
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                  hint_tokens=16_000_000,  # more than the corpus holds (~14M): the whole training split
-                 hint_workers=1, bg_wait=120.0, warmup_steps=0, log_every=10, hint_repr="record"),
+                 hint_workers=1, bg_wait=120.0, warmup_steps=0, log_every=10, hint_repr=DEFAULT_HINT_REPR),
     # The article's second result: llm.c's GPT-2 124M recipe (AdamW, 64 x 1024 tokens per rank =
     # 524,288 per step on 8 GPUs, 700 warm-up steps of 18,865 for 10B tokens) with hints of four
     # lengths, one shorter than 6, from the largest FineWeb100B corpus the node holds (the plan).
@@ -94,7 +98,7 @@ PRESETS = {
                  hint_files="data/fineweb100B/fineweb_train_*.bin", hint_tokens=None,
                  hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10,
                  train_index_geometry=LLMC_TRAIN_INDEX_GEOMETRY, grad_sync="overlap", compile_mode="regions",
-                 hint_repr="record"),
+                 hint_repr=DEFAULT_HINT_REPR),
 }
 PLANNED_PRESETS = ("record", "llmc")  # their background index is sized to the node by train/plan.py
 
@@ -154,9 +158,9 @@ def parse_args(argv=None):
     g = p.add_argument_group("hints")
     g.add_argument("--no-hints", action="store_true", help="train without hints (ablation)")
     g.add_argument("--hint-lengths", type=parse_lengths, help="n-gram lengths, e.g. 6,10,20")
-    g.add_argument("--hint-repr", choices=HINT_REPRS, help="record: one cell per position at the deepest match and its "
-                   "followers, from one exact positional index per node (docs/hints_ab.md); lengths: one hint per "
-                   "length from a per-rank growing index")
+    g.add_argument("--hint-repr", choices=HINT_REPRS, help="lengths: one hint per length from a per-rank growing "
+                   "index (every preset's); record: the speedrun record's, one cell per position at the deepest match "
+                   "and its followers, from one exact positional index per node (docs/hints_ab.md)")
     g.add_argument("--train-index-geometry", help="training-time index geometry: auto (sized for the run's "
                    "training tokens), a preset or P,B,S (default: the preset's, else auto)")
     g.add_argument("--hint-files", help="shards the background index is built from (default: --train-files)")
