@@ -8,17 +8,26 @@ for step s counts only occurrences whose follower lies before `before` = step s'
 no hints. N-grams restart at every BOS and at every `segment` tokens (each rank's slice of a
 step), in the index and in the query (hints.cells says the rule exactly).
 
-Layout (one entry per stream position j whose shortest n-gram exists and has a follower in the
-indexed prefix): `keys` (the top KEY_BITS of the n-gram's 64-bit hash) and `pos` (j), sorted by
-key and, within a key, by position (a stable LSD radix sort of entries made in stream order);
-`directory[b]` is the first entry whose key's top `dir_bits` bits are >= b. The stream prefix and
-its reach (uint8) are kept: a lookup compares tokens.
+Layout: one entry per stream position j whose shortest n-gram exists and whose follower s[j+1]
+lies in the indexed prefix, as one `table` row of 64-bit words:
 
-Exactness: the hash only groups entries. Every candidate is compared token by token with the
-query (its shortest n-gram first, then as deep as the longest length): a collision of two
-different n-grams' keys (expected ~ d^2 / 2^(KEY_BITS+1) pairs among d distinct n-grams: about
-11 at d = 10^7) costs a comparison and never changes a result, and the cap counts only true
-occurrences. So a lookup equals `hints.reference.reference_cells` exactly; the tests check it.
+    [ key = fmix64(F_L0(j)) | j | follower << 32 | reach << 48 | G_1(j) | ... | G_{K-1}(j) ]
+
+F_L0 is the fingerprint of the shortest n-gram and G_k that of its k-th extension (the tokens
+L_{k-1} .. L_k - 1 back from j; 0 where the reach falls short), both hints.exact's fingerprint
+(random 64-bit multipliers per distance). Rows are sorted by the key's top SORT_BITS and, among
+equal ones, by position (a stable LSD radix sort of rows made in stream order); `directory[b]`
+is the first row whose key's top `dir_bits` bits are >= b. A candidate's depth is how many of
+its extensions equal the query's in a row, within both reaches, and its follower is in its row:
+a lookup reads no stream tokens, and walks back over the newest rows of its run as one stream.
+
+Exactness: fmix64 is a bijection, so equal keys mean equal fingerprints; rows whose top bits
+equal the query's but whose full key differs are skipped, not counted against the cap. Two
+different token sequences share a fingerprint with probability at most 2^-49 over the random
+multipliers (hints.exact's argument: the difference's lowest-order token, times a random
+multiplier, is uniform on multiples of 2^s, s <= 15), so with ~10^8 comparisons over a record
+run the chance of any wrong cell is below 10^-6. The tests compare every lookup with the
+token-exact `hints.reference.reference_cells` and find none.
 
 Files: `save(path)` writes header + arrays page-aligned (a path under /dev/shm is shared memory),
 to a temporary name then renamed, so a reader never sees a half-written phase; `load(path)` maps
