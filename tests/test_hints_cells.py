@@ -339,3 +339,17 @@ def test_stats_apply_and_name_the_boundary_rule():
     assert "restart at every BOS" in format_stats(st)
     off = hint_stats(idx, val, boundary=None)
     assert off["covered"] != st["covered"] and "none" in format_stats(off)
+
+
+def test_positional_bench_runs_at_a_small_shape(tmp_path, stdlib_stream):
+    """`python -m hints positional-bench` end to end on a small shape: both paths timed, phases built."""
+    import json
+    from hints.cli import main
+    np.save(tmp_path / "t.npy", stdlib_stream)
+    out = tmp_path / "b.json"
+    assert main(["positional-bench", "--tokens", str(tmp_path / "t.npy"), "--rank-tokens", "512", "--world", "4",
+                 "--prefill", "10000", "--steps", "3", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["new_cpu_ms"]) == len(res["old_cpu_ms"]) == 3 and res["phases"][-1]["tokens"] == 17 * 2048
+    assert main(["positional-bench", "--tokens", str(tmp_path / "t.npy"), "--rank-tokens", "4096", "--world", "8",
+                 "--steps", "3"]) == 2  # too short a stream: a one-line error
