@@ -353,3 +353,20 @@ def test_positional_bench_runs_at_a_small_shape(tmp_path, stdlib_stream):
     assert len(res["new_cpu_ms"]) == len(res["old_cpu_ms"]) == 3 and res["phases"][-1]["tokens"] == 17 * 2048
     assert main(["positional-bench", "--tokens", str(tmp_path / "t.npy"), "--rank-tokens", "4096", "--world", "8",
                  "--steps", "3"]) == 2  # too short a stream: a one-line error
+
+
+def test_build_bytes_do_not_depend_on_threads(stdlib_stream):
+    import numba
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = PositionalIndex.build(stdlib_stream, segment=700)
+        numba.set_num_threads(max(2, n) if numba.config.NUMBA_NUM_THREADS >= 2 else 1)
+        many = PositionalIndex.build(stdlib_stream, segment=700)
+    finally:
+        numba.set_num_threads(n)
+    assert np.array_equal(one.table, many.table) and np.array_equal(one.directory, many.directory)
+    pos = (one.table[:, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    top = one.table[:, 0] >> np.uint64(64 - 42)
+    same_run = top[1:] == top[:-1]
+    assert (np.diff(top.astype(np.float64)) >= 0).all() and (pos[1:][same_run] > pos[:-1][same_run]).all()
