@@ -17,14 +17,15 @@ import numba
 import numpy as np
 
 from . import kernels
+from .parallel import run_split
 from .cells import (BOS, NO_BOUNDARY, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, reach,
                     top_followers, with_kinds)
 
 
 @numba.njit(cache=True, nogil=True)
-def followers_kernel(q, depth, cnt, tok, top, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-                     count, out_tok, out_cnt):
-    """For each position t with depth[t] = d >= 0: the followers of its n-gram of length lengths[d].
+def followers_kernel(t0, t1, q, depth, cnt, tok, top, table, fill, lengths, pows, partition_bits, bucket_bits, bits,
+                     shifts, count, out_tok, out_cnt):
+    """For each position t in [t0, t1) with depth[t] = d >= 0: the followers of its n-gram of length lengths[d].
     The per-length lookup's answer (count cnt[d, t], top follower tok[d, t] with top[d, t] of them)
     is all of it when the n-gram is pure or one follower is kept; else all its slots are gathered
     from its buckets and their followers counted, the F most frequent kept."""
@@ -34,7 +35,7 @@ def followers_kernel(q, depth, cnt, tok, top, table, fill, lengths, pows, partit
     r = np.zeros(K, np.uint64)
     toks = np.empty(2 * slots, np.int64)
     counter = np.zeros(N_TOKEN_IDS, np.int32)
-    for t in range(q.shape[0]):
+    for t in range(t0, t1):
         for f in range(F):
             out_tok[t, f] = -1
             out_cnt[t, f] = 0
@@ -90,6 +91,7 @@ def index_cells(idx, tokens, max_followers=8, boundary=BOS):
     count = np.zeros(n, np.int32)
     out_tok = np.empty((n, F), np.int32)
     out_cnt = np.empty((n, F), np.int32)
-    followers_kernel(q, deepest, cnt, tok, top, idx.table, idx.fill, idx._lengths, idx._pows, g.partition_bits,
-                     g.bucket_bits, idx._bits, idx._shifts, count, out_tok, out_cnt)
+    run_split(lambda r, t0, t1: followers_kernel(t0, t1, q, deepest, cnt, tok, top, idx.table, idx.fill, idx._lengths,
+                                                 idx._pows, g.partition_bits, g.bucket_bits, idx._bits, idx._shifts,
+                                                 count, out_tok, out_cnt), n, idx.workers)
     return with_kinds(deepest, count, out_tok, out_cnt)
