@@ -3,8 +3,9 @@
 A HintIndex stores every occurrence of every n-gram (its slots, in the n-gram's two buckets),
 with no position, so its cells have no position filter and no cap: the deepest length whose
 n-gram the index holds, that n-gram's stored occurrences, and their followers. The per-length
-lookup (`HintIndex.lookup`, with the document boundaries applied by `cells.mask_hints`) finds the
-deepest length; then `followers_kernel` gathers that n-gram's slots from its buckets (the first,
+lookup (`HintIndex.lookup_counts`, lengths that would cross a document boundary dropped) finds
+the deepest length and its answer, which is all of the cell when that n-gram is pure or one
+follower is kept; else `followers_kernel` gathers the n-gram's slots from its buckets (the first,
 and the second once the first is full, as every lookup does) and counts their followers. A
 sealed index's buckets hold the same slots, sorted, so the same scan serves both.
 
@@ -16,28 +17,36 @@ import numba
 import numpy as np
 
 from . import kernels
-from .cells import (BOS, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, mask_hints, top_followers,
-                    with_kinds)
+from .parallel import run_split
+from .cells import (BOS, NO_BOUNDARY, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, reach,
+                    top_followers, with_kinds)
 
 
 @numba.njit(cache=True, nogil=True)
-def followers_kernel(q, depth, table, fill, lengths, pows, partition_bits, bucket_bits, bits, shifts,
-                     count, out_tok, out_cnt):
-    """For each position t with depth[t] >= 0: the followers of its n-gram of length
-    lengths[depth[t]] (all its slots in its buckets), the F most frequent kept."""
+def followers_kernel(t0, t1, q, depth, cnt, tok, top, table, fill, lengths, pows, partition_bits, bucket_bits, bits,
+                     shifts, count, out_tok, out_cnt):
+    """For each position t in [t0, t1) with depth[t] = d >= 0: the followers of its n-gram of length lengths[d].
+    The per-length lookup's answer (count cnt[d, t], top follower tok[d, t] with top[d, t] of them)
+    is all of it when the n-gram is pure or one follower is kept; else all its slots are gathered
+    from its buckets and their followers counted, the F most frequent kept."""
     K = lengths.shape[0]
     slots = table.shape[2]
     F = out_tok.shape[1]
     r = np.zeros(K, np.uint64)
     toks = np.empty(2 * slots, np.int64)
     counter = np.zeros(N_TOKEN_IDS, np.int32)
-    for t in range(q.shape[0]):
+    for t in range(t0, t1):
+        for f in range(F):
+            out_tok[t, f] = -1
+            out_cnt[t, f] = 0
         d = depth[t]
         if d < 0:
             count[t] = 0
-            for f in range(F):
-                out_tok[t, f] = -1
-                out_cnt[t, f] = 0
+            continue
+        if F == 1 or top[d, t] == cnt[d, t]:
+            count[t] = cnt[d, t]
+            out_tok[t, 0] = tok[d, t]
+            out_cnt[t, 0] = top[d, t]
             continue
         j = t + 1  # the slot of the n-gram ending at q[t] sits at stream position t + 1
         kernels.init_states(r, q, j, lengths)
@@ -73,13 +82,16 @@ def index_cells(idx, tokens, max_followers=8, boundary=BOS):
     if n == 0:
         return empty_cells(0, F)
     g = idx.geom
-    h = mask_hints(idx.lookup(q), q, b, g.lengths)
-    present = h.count > 0  # (K, n)
+    tok, cnt, top = idx.lookup_counts(q)
+    if b != NO_BOUNDARY:  # the boundary rule: a length whose n-gram would cross a boundary is absent
+        cnt = np.where(reach(q, b, limit=max(g.lengths))[None, :] < idx._lengths[:, None], 0, cnt)
+    present = cnt > 0  # (K, n)
     K = present.shape[0]
     deepest = np.where(present.any(0), K - 1 - np.argmax(present[::-1], axis=0), -1).astype(np.int8)
     count = np.zeros(n, np.int32)
     out_tok = np.empty((n, F), np.int32)
     out_cnt = np.empty((n, F), np.int32)
-    followers_kernel(q, deepest, idx.table, idx.fill, idx._lengths, idx._pows, g.partition_bits, g.bucket_bits,
-                     idx._bits, idx._shifts, count, out_tok, out_cnt)
+    run_split(lambda r, t0, t1: followers_kernel(t0, t1, q, deepest, cnt, tok, top, idx.table, idx.fill, idx._lengths,
+                                                 idx._pows, g.partition_bits, g.bucket_bits, idx._bits, idx._shifts,
+                                                 count, out_tok, out_cnt), n, idx.workers)
     return with_kinds(deepest, count, out_tok, out_cnt)

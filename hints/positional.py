@@ -8,17 +8,27 @@ for step s counts only occurrences whose follower lies before `before` = step s'
 no hints. N-grams restart at every BOS and at every `segment` tokens (each rank's slice of a
 step), in the index and in the query (hints.cells says the rule exactly).
 
-Layout (one entry per stream position j whose shortest n-gram exists and has a follower in the
-indexed prefix): `keys` (the top KEY_BITS of the n-gram's 64-bit hash) and `pos` (j), sorted by
-key and, within a key, by position (a stable LSD radix sort of entries made in stream order);
-`directory[b]` is the first entry whose key's top `dir_bits` bits are >= b. The stream prefix and
-its reach (uint8) are kept: a lookup compares tokens.
+Layout: one entry per stream position j whose shortest n-gram exists and whose follower s[j+1]
+lies in the indexed prefix, as one `table` row of 64-bit words:
 
-Exactness: the hash only groups entries. Every candidate is compared token by token with the
-query (its shortest n-gram first, then as deep as the longest length): a collision of two
-different n-grams' keys (expected ~ d^2 / 2^(KEY_BITS+1) pairs among d distinct n-grams: about
-11 at d = 10^7) costs a comparison and never changes a result, and the cap counts only true
-occurrences. So a lookup equals `hints.reference.reference_cells` exactly; the tests check it.
+    [ key = fmix64(F_L0(j)) | j | follower << 32 | reach << 48 | G_1(j) | ... | G_{K-1}(j) ]
+
+F_L0 is the fingerprint of the shortest n-gram and G_k that of its k-th extension (the tokens
+L_{k-1} .. L_k - 1 back from j; 0 where the reach falls short), both hints.exact's fingerprint
+(random 64-bit multipliers per distance). Rows are sorted by the key's top SORT_BITS and, among
+equal ones, by position (`sort_entries`: a stable parallel radix sort of entries made in stream
+order); `directory[b]`
+is the first row whose key's top `dir_bits` bits are >= b. A candidate's depth is how many of
+its extensions equal the query's in a row, within both reaches, and its follower is in its row:
+a lookup reads no stream tokens, and walks back over the newest rows of its run as one stream.
+
+Exactness: fmix64 is a bijection, so equal keys mean equal fingerprints; rows whose top bits
+equal the query's but whose full key differs are skipped, not counted against the cap. Two
+different token sequences share a fingerprint with probability at most 2^-49 over the random
+multipliers (hints.exact's argument: the difference's lowest-order token, times a random
+multiplier, is uniform on multiples of 2^s, s <= 15), so with ~10^8 comparisons over a record
+run the chance of any wrong cell is below 10^-6. The tests compare every lookup with the
+token-exact `hints.reference.reference_cells` and find none.
 
 Files: `save(path)` writes header + arrays page-aligned (a path under /dev/shm is shared memory),
 to a temporary name then renamed, so a reader never sees a half-written phase; `load(path)` maps
@@ -43,7 +53,9 @@ from .index import alloc
 
 U64 = np.uint64
 SORT_BITS = 42           # entries are sorted by the top 42 bits of their key (3 radix passes of 14)
-RADIX_BITS = 14          # digit of the LSD radix sort: 16k counters (128 KiB of int64, L2-resident)
+PART_BITS = 8            # the sort's first split: 256 partitions by the top bits, each then sorted on one thread
+SORT_DIGIT = 12          # digit of a partition's LSD radix sort: 3 passes over the other 34 sorted bits
+CHUNK = 1 << 16          # stream positions per chunk of the build's parallel loops (at least)
 MIN_DIR_BITS = 8
 MAX_DIR_BITS = 26        # at most 2^26 + 1 directory entries (512 MiB of int64)
 DEFAULT_CAP = 96         # occurrences a position is resolved against, the most recent (the record's)
@@ -77,47 +89,87 @@ def fingerprint(s, j, lo, hi, mults):
     return f
 
 
-@numba.njit(cache=True, nogil=True)
-def make_entries(s, rs, upto, L0, mults, keys, pos):
+@numba.njit(cache=True, nogil=True, parallel=True)
+def make_entries(s, rs, upto, L0, mults, keys, pos, threads):
     """Entries of every j < upto - 1 whose shortest n-gram exists (rs[j] >= L0), in stream order:
-    key = fmix64(F_L0(j)) (a bijection: equal keys <=> equal fingerprints). Returns their number."""
-    n = 0
-    for j in range(L0 - 1, upto - 1):
-        if rs[j] >= L0:
-            keys[n] = kernels.fmix64(fingerprint(s, j, 0, L0, mults))
-            pos[n] = j
-            n += 1
-    return n
+    key = fmix64(F_L0(j)) (a bijection: equal keys <=> equal fingerprints). Chunks of the stream
+    are counted, then filled, on Numba's threads. Returns the number of entries."""
+    first, end = L0 - 1, max(L0 - 1, upto - 1)
+    C = max(1, min(threads * 4, (end - first) // CHUNK + 1))
+    cnt = np.zeros(C + 1, np.int64)
+    for c in numba.prange(C):
+        a, b = first + (end - first) * c // C, first + (end - first) * (c + 1) // C
+        k = 0
+        for j in range(a, b):
+            k += rs[j] >= L0
+        cnt[c + 1] = k
+    for c in range(C):
+        cnt[c + 1] += cnt[c]
+    for c in numba.prange(C):
+        a, b = first + (end - first) * c // C, first + (end - first) * (c + 1) // C
+        o = cnt[c]
+        for j in range(a, b):
+            if rs[j] >= L0:
+                keys[o] = kernels.fmix64(fingerprint(s, j, 0, L0, mults))
+                pos[o] = j
+                o += 1
+    return cnt[C]
 
 
-@numba.njit(cache=True, nogil=True)
-def radix_sort(keys, pos, n, tk, tp):
-    """Stable LSD radix sort of (keys, pos)[:n] by the top SORT_BITS bits of keys; ends in keys, pos."""
-    digits = 1 << RADIX_BITS
+@numba.njit(cache=True, nogil=True, parallel=True)
+def sort_entries(keys, pos, n, tk, tp, starts, threads):
+    """Stable sort of (keys, pos)[:n] by the top SORT_BITS bits of keys, on Numba's threads: a
+    stable scatter into 2^PART_BITS partitions by the top bits (chunks of the input counted, then
+    placed, in order), then each partition's LSD radix sort on the rest of the sorted bits (digits
+    of SORT_DIGIT bits). Ends in keys, pos; starts[p] = partition p's first entry."""
+    P = 1 << PART_BITS
+    C = max(1, min(threads * 4, n // CHUNK + 1))
+    psh = U64(64 - PART_BITS)
+    counts = np.zeros((C, P), np.int64)
+    for c in numba.prange(C):
+        for i in range(n * c // C, n * (c + 1) // C):
+            counts[c, np.int64(keys[i] >> psh)] += 1
+    total = 0
+    for p in range(P):
+        starts[p] = total
+        for c in range(C):
+            x = counts[c, p]
+            counts[c, p] = total
+            total += x
+    starts[P] = total
+    for c in numba.prange(C):
+        o = counts[c].copy()
+        for i in range(n * c // C, n * (c + 1) // C):
+            p = np.int64(keys[i] >> psh)
+            tk[o[p]] = keys[i]
+            tp[o[p]] = pos[i]
+            o[p] += 1
+    digits = 1 << SORT_DIGIT
     mask = U64(digits - 1)
-    hist = np.zeros(digits, np.int64)
-    src_k, src_p, dst_k, dst_p = keys, pos, tk, tp
-    passes = (SORT_BITS + RADIX_BITS - 1) // RADIX_BITS
-    for d in range(passes):
-        sh = U64(64 - SORT_BITS + d * RADIX_BITS)
-        hist[:] = 0
-        for i in range(n):
-            hist[(src_k[i] >> sh) & mask] += 1
-        total = 0
-        for b in range(digits):
-            c = hist[b]
-            hist[b] = total
-            total += c
-        for i in range(n):
-            b = (src_k[i] >> sh) & mask
-            o = hist[b]
-            dst_k[o] = src_k[i]
-            dst_p[o] = src_p[i]
-            hist[b] = o + 1
-        src_k, src_p, dst_k, dst_p = dst_k, dst_p, src_k, src_p
-    if passes % 2 == 1:
-        keys[:n] = src_k[:n]
-        pos[:n] = src_p[:n]
+    passes = (SORT_BITS - PART_BITS + SORT_DIGIT - 1) // SORT_DIGIT
+    for p in numba.prange(P):
+        lo, hi = starts[p], starts[p + 1]
+        hist = np.zeros(digits, np.int64)
+        src_k, src_p, dst_k, dst_p = tk, tp, keys, pos
+        for d in range(passes):
+            sh = U64(64 - SORT_BITS + d * SORT_DIGIT)
+            hist[:] = 0
+            for i in range(lo, hi):
+                hist[(src_k[i] >> sh) & mask] += 1
+            acc = lo
+            for b in range(digits):
+                x = hist[b]
+                hist[b] = acc
+                acc += x
+            for i in range(lo, hi):
+                b = (src_k[i] >> sh) & mask
+                dst_k[hist[b]] = src_k[i]
+                dst_p[hist[b]] = src_p[i]
+                hist[b] += 1
+            src_k, src_p, dst_k, dst_p = dst_k, dst_p, src_k, src_p
+        if passes % 2 == 0:  # the result is in tk, tp
+            keys[lo:hi] = tk[lo:hi]
+            pos[lo:hi] = tp[lo:hi]
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -135,16 +187,27 @@ def make_table(s, rs, keys, pos, lengths, mults, table):
             table[i, 1 + k] = fingerprint(s, j, lengths[k - 1], lengths[k], mults) if r >= lengths[k] else U64(0)
 
 
-@numba.njit(cache=True, nogil=True)
-def make_directory(table, n, dir_bits, directory):
-    """directory[b] = first entry whose key's top dir_bits bits are >= b (b = 0 .. 2^dir_bits)."""
+@numba.njit(cache=True, nogil=True, parallel=True)
+def make_directory(table, n, dir_bits, directory, starts):
+    """directory[b] = first entry whose key's top dir_bits bits are >= b (b = 0 .. 2^dir_bits),
+    each sort partition's buckets on a thread of their own when the directory is at least as fine
+    as the partitions (else in one pass)."""
     sh = U64(64 - dir_bits)
-    m = directory.shape[0] - 1
-    i = 0
-    for b in range(m + 1):
-        while i < n and np.int64(table[i, 0] >> sh) < b:
-            i += 1
-        directory[b] = i
+    if dir_bits < PART_BITS:
+        i = 0
+        for b in range(directory.shape[0]):
+            while i < n and np.int64(table[i, 0] >> sh) < b:
+                i += 1
+            directory[b] = i
+        return
+    per = 1 << (dir_bits - PART_BITS)
+    for p in numba.prange(1 << PART_BITS):
+        i, hi = starts[p], starts[p + 1]
+        for b in range(p * per, (p + 1) * per):
+            while i < hi and np.int64(table[i, 0] >> sh) < b:
+                i += 1
+            directory[b] = i
+    directory[directory.shape[0] - 1] = n
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -378,16 +441,18 @@ class PositionalIndex:
         reach_into(s, boundary, segment, lengths[-1], rs)
         n_max = max(0, upto - 1)
         keys, pos = np.empty(n_max, np.uint64), np.empty(n_max, np.uint32)
-        n = make_entries(s, rs, upto, lengths[0], MULTS, keys, pos)
+        threads = numba.get_num_threads()  # the parallel loops split into 4 chunks per thread
+        n = make_entries(s, rs, upto, lengths[0], MULTS, keys, pos, threads)
         tk, tp = np.empty(n, np.uint64), np.empty(n, np.uint32)
-        radix_sort(keys, pos, n, tk, tp)
+        starts = np.empty((1 << PART_BITS) + 1, np.int64)
+        sort_entries(keys, pos, n, tk, tp, starts, threads)
         del tk, tp
         table = alloc((n, len(lengths) + 1), np.uint64)  # huge pages: fewer TLB misses in the lookups' walks
         make_table(s, rs, keys[:n], pos[:n], np.array(lengths, np.int64), MULTS, table)
         del keys, pos
         dir_bits = dir_bits_for(n) if dir_bits is None else int(dir_bits)
         directory = alloc(((1 << dir_bits) + 1,), np.int64)
-        make_directory(table, n, dir_bits, directory)
+        make_directory(table, n, dir_bits, directory, starts)
         return cls(upto, lengths, boundary, segment, dir_bits, build_s=time.perf_counter() - t0, table=table,
                    directory=directory)
 

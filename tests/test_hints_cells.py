@@ -311,7 +311,7 @@ def test_hint_index_cells_equal_the_reference(stdlib_stream, tmp_path):
     idx.seal()
     assert_cells_equal(pick(idx.lookup_cells(query, max_followers=8)), pick(want), "sealed")
     idx.save(tmp_path / "bg.idx")
-    mapped = HintIndex.load(tmp_path / "bg.idx", mmap=True)
+    mapped = HintIndex.load(tmp_path / "bg.idx", mmap=True, workers=3)  # cells split over 3 workers
     assert_cells_equal(pick(mapped.lookup_cells(query, max_followers=8)), pick(want), "sealed, saved and mapped")
     # the boundary rule matters here: without BOS restarts the answer differs
     assert not same(idx.lookup_cells(query, boundary=None), idx.lookup_cells(query))
@@ -339,3 +339,34 @@ def test_stats_apply_and_name_the_boundary_rule():
     assert "restart at every BOS" in format_stats(st)
     off = hint_stats(idx, val, boundary=None)
     assert off["covered"] != st["covered"] and "none" in format_stats(off)
+
+
+def test_positional_bench_runs_at_a_small_shape(tmp_path, stdlib_stream):
+    """`python -m hints positional-bench` end to end on a small shape: both paths timed, phases built."""
+    import json
+    from hints.cli import main
+    np.save(tmp_path / "t.npy", stdlib_stream)
+    out = tmp_path / "b.json"
+    assert main(["positional-bench", "--tokens", str(tmp_path / "t.npy"), "--rank-tokens", "512", "--world", "4",
+                 "--prefill", "10000", "--steps", "3", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["new_cpu_ms"]) == len(res["old_cpu_ms"]) == 3 and res["phases"][-1]["tokens"] == 17 * 2048
+    assert main(["positional-bench", "--tokens", str(tmp_path / "t.npy"), "--rank-tokens", "4096", "--world", "8",
+                 "--steps", "3"]) == 2  # too short a stream: a one-line error
+
+
+def test_build_bytes_do_not_depend_on_threads(stdlib_stream):
+    import numba
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = PositionalIndex.build(stdlib_stream, segment=700)
+        numba.set_num_threads(max(2, n) if numba.config.NUMBA_NUM_THREADS >= 2 else 1)
+        many = PositionalIndex.build(stdlib_stream, segment=700)
+    finally:
+        numba.set_num_threads(n)
+    assert np.array_equal(one.table, many.table) and np.array_equal(one.directory, many.directory)
+    pos = (one.table[:, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    top = one.table[:, 0] >> np.uint64(64 - 42)
+    same_run = top[1:] == top[:-1]
+    assert (np.diff(top.astype(np.float64)) >= 0).all() and (pos[1:][same_run] > pos[:-1][same_run]).all()
