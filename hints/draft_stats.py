@@ -38,6 +38,8 @@ def add_draft_stats_args(p):
     p.add_argument("--hint-files", default=None, help="hints: shards to build the index from instead of --index")
     p.add_argument("--min-count", type=int, default=None, help="hints: least n-gram count of an index draft")
     p.add_argument("--min-purity", type=float, default=None, help="hints: least purity of an index draft")
+    p.add_argument("--index-order", choices=("first", "last"), default=None,
+                   help="hints: the index before the context and dynamic caches, or after them")
     p.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help="tokens per replayed chunk")
     p.add_argument("--n-draft", type=int, default=DEFAULT_N_DRAFT, help="most tokens drafted at a time")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
@@ -116,8 +118,9 @@ def run_draft_stats(args):
             idx = hint_index(args, res)
             c = hint_draft.MIN_COUNT if args.min_count is None else args.min_count
             p = hint_draft.MIN_PURITY if args.min_purity is None else args.min_purity
-            res.update(min_count=c, min_purity=p)
-            out = hint_draft.replay_hints(text, args.n_ctx, args.n_draft, idx, c, p, progress=bar)
+            first = hint_draft.INDEX_FIRST if args.index_order is None else args.index_order == "first"
+            res.update(min_count=c, min_purity=p, index_order="first" if first else "last")
+            out = hint_draft.replay_hints(text, args.n_ctx, args.n_draft, idx, c, p, first, progress=bar)
     res.update(out)
     res["accept_pct"] = 100 * out["n_accept"] / max(out["n_drafted"], 1)
     res["draft_us_per_drafted"] = 1e6 * out["draft_s"] / max(out["n_drafted"], 1)
@@ -142,6 +145,6 @@ def format_stats(r):
     if "index_bytes" in r:
         lines.append(f"  hint index: {r['index_tokens']:,} tokens, {r['index_bytes'] / 2**20:.1f} MiB, build "
                      f"{fmt(r['index_build_s'])}, load {fmt(r['index_load_s'])}; min count {r['min_count']}, "
-                     f"min purity {r['min_purity']}")
+                     f"min purity {r['min_purity']}, index {r['index_order']}")
     lines.append(f"  peak memory (process RSS) {r['peak_rss_mib']:.0f} MiB")
     return "\n".join(lines)

@@ -1,15 +1,16 @@
-"""Drafting from this repo's own hint index (`--policy hints`): the 6/10/20-gram index as the
-static part, with llama.cpp's context and dynamic caches (hints/draft.py) after it.
+"""Drafting from this repo's own hint index (`--policy hints`): llama.cpp's context and dynamic
+caches (hints/draft.py), with the 6/10/20-gram index as the static part.
 
 A drafted token after the sequence seq[:k] comes from, in order:
-  1. the index's hint for the n-gram ending at seq[k - 1], at the longest length whose count
-     reaches MIN_COUNT and whose purity (the hinted follower's share) reaches MIN_PURITY;
-  2. the context cache at lengths 4..1 with llama.cpp's thresholds (no static weighting: the
-     index answers only the top follower, not every follower's count);
-  3. the dynamic cache the same way.
-The index goes first because an n-gram of 6 or more tokens seen in a large corpus is far more
-specific than a 1-4-gram of the text so far. MIN_COUNT and MIN_PURITY were chosen by
-measurement on the demo corpus (docs/inference.md: the grid, the criterion, the held-out text).
+  1. the context cache at lengths 4..1 with llama.cpp's thresholds (no static weighting: the
+     index answers only each n-gram's top follower, not every follower's count);
+  2. the dynamic cache the same way;
+  3. the index's hint for the n-gram ending at seq[k - 1], at the longest length whose count
+     reaches MIN_COUNT and whose purity (the hinted follower's share) reaches MIN_PURITY.
+The order (index last, as llama.cpp's static cache) and the two thresholds were chosen by
+measurement on held-out standard-library text (docs/inference.md, "Choosing the hints policy"):
+of 36 settings, the one with the most accepted drafts among those whose acceptance is at least
+llama.cpp's rule's on the same text. `index_first=True` puts the index before the caches.
 
 The replay looks the index up one position at a time from inside Numba, through the sealed
 index's own search kernel (hints.lookup.lookup_sorted) on its arrays: no Python per token.
@@ -24,10 +25,11 @@ from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT,
                     cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into, new_cache,
                     try_primary)
 
-# Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy's thresholds"):
-# the pair with the most accepted tokens among those whose acceptance is at least llama.cpp's.
+# Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
+# the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
 MIN_COUNT = 2
-MIN_PURITY = 0.5
+MIN_PURITY = 0.9
+INDEX_FIRST = False
 
 
 def sealed_index(index, log=print):
@@ -76,15 +78,18 @@ def index_pick(seq, k, ix, sc, out, min_count, min_purity_pct):
 
 
 @numba.njit(cache=True)
-def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct):
-    """Draft up to n_draft tokens after seq[:m] into seq[m:] by the hints policy; returns how many."""
+def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
+    """Draft up to n_draft tokens after seq[:m] into seq[m:] by the hints policy; returns how many.
+    index_first: the index before the context and dynamic caches (else after them)."""
     for i in range(n_draft):
         k = m + i
-        tok = index_pick(seq, k, ix, sc, out, min_count, min_purity_pct)
+        tok = index_pick(seq, k, ix, sc, out, min_count, min_purity_pct) if index_first else -1
         if tok < 0:
             tok = try_primary(ctx, seq, k, 0, 0, st, CONTEXT_MIN_TOTAL, CONTEXT_MIN_PERCENT)
         if tok < 0:
             tok = try_primary(dyn, seq, k, 0, 0, st, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)
+        if tok < 0 and not index_first:
+            tok = index_pick(seq, k, ix, sc, out, min_count, min_purity_pct)
         if tok < 0:
             return i
         seq[k] = tok
@@ -92,14 +97,14 @@ def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purit
 
 
 @numba.njit(cache=True)
-def replay_chunk_hints(chunk, n_draft, seq, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct):
+def replay_chunk_hints(chunk, n_draft, seq, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
     """replay_chunk (hints/draft.py) with the hints policy's drafts."""
     n_ctx = chunk.shape[0]
     seq[0] = chunk[0]
     m = 1
     drafted, accepted = 0, 0
     while m < n_ctx:
-        d = draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct)
+        d = draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first)
         drafted += d
         for j in range(d):
             if m >= n_ctx or seq[m] != chunk[m]:
@@ -118,7 +123,8 @@ def purity_pct(min_purity):
     return int(round(100 * min_purity))
 
 
-def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, progress=None):
+def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST,
+                 progress=None):
     """llama-lookup-stats's replay with the hints policy; the same dict as hints.draft.replay."""
     tokens = check_tokens(tokens, "tokens")
     ia = IndexArgs(index, n_ctx + n_draft + 1)
@@ -129,14 +135,14 @@ def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=
     draft_s = merge_s = 0.0
     # compile (or load from Numba's cache) for these argument types before anything is timed
     merge_into(new_cache(), replay_chunk_hints(tokens[:2], n_draft, seq, new_cache(), new_cache(), st, ia.table,
-                                               ia.scratch, ia.out, min_count, purity_pct(min_purity))[2])
+                                               ia.scratch, ia.out, min_count, purity_pct(min_purity), index_first)[2])
     for start in range(0, tokens.size, n_ctx):
         if start + n_ctx >= tokens.size:
             break
         clear_cache(ctx)
         t0 = time.perf_counter()
         d, a, ctx = replay_chunk_hints(tokens[start:start + n_ctx], n_draft, seq, ctx, dyn, st, ia.table, ia.scratch,
-                                       ia.out, min_count, purity_pct(min_purity))
+                                       ia.out, min_count, purity_pct(min_purity), index_first)
         t1 = time.perf_counter()
         dyn = merge_into(dyn, ctx)
         merge_s += time.perf_counter() - t1
@@ -151,8 +157,9 @@ def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=
 class HintDrafter:
     """The hints policy for generation: draft(seq, n) drafts after the sequence seq."""
 
-    def __init__(self, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, context_tokens=4096):
+    def __init__(self, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST):
         self.ia = IndexArgs(index, 1)
+        self.index_first = index_first
         self.min_count, self.min_purity = min_count, purity_pct(min_purity)
         self.static, self.dynamic, self.context = empty_static(), new_cache(), new_cache()
         self.seen = 0
@@ -176,5 +183,5 @@ class HintDrafter:
             self.context = add_last(self.context, self.buf, m)
         self.seen = max(self.seen, seq.size)
         d = draft_hints(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, self.ia.table,
-                        self.ia.scratch, self.ia.out, self.min_count, self.min_purity)
+                        self.ia.scratch, self.ia.out, self.min_count, self.min_purity, self.index_first)
         return self.buf[seq.size:seq.size + d].copy()

@@ -16,12 +16,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from data.tokenizer import gpt2  # noqa: E402
-from train.inference import Generator, InferenceError, load_model, open_index, peak_rss_mib  # noqa: E402
+from data.tokenizer import gpt2
+from train.inference import Generator, InferenceError, load_model, open_index, peak_rss_mib
 
 
 def parse_args(argv=None):

@@ -15,12 +15,11 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from data.tokenizer import gpt2  # noqa: E402
-from train.inference import InferenceError, load_model, open_index, passage_losses  # noqa: E402
+from data.tokenizer import gpt2
+from train.inference import InferenceError, load_model, open_index, passage_losses
 
 MIN_TOKENS = 16  # shorter paragraphs join the next: a handful of tokens gives a noisy mean
 
