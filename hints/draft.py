@@ -236,11 +236,16 @@ def add_last(c, seq, m):
 
 
 @numba.njit(cache=True)
-def add_sequence(c, seq, n):
-    """Every n-gram of seq[:n] with its follower (what the context cache holds after n tokens)."""
-    for m in range(2, n + 1):
+def add_range(c, seq, first, n):
+    """add_last for tokens seq[first - 1 .. n - 1]: the sequence grew from first - 1 to n tokens."""
+    for m in range(max(first, 2), n + 1):
         c = add_last(c, seq, m)
     return c
+
+
+def add_sequence(c, seq, n):
+    """Every n-gram of seq[:n] with its follower (what the context cache holds after n tokens)."""
+    return add_range(c, seq, 2, n)
 
 
 @numba.njit(cache=True)
@@ -488,8 +493,7 @@ class LlamaDrafter:
         if self.buf.size < seq.size + n_draft:
             self.buf = np.zeros(2 * (seq.size + n_draft), np.int64)
         self.buf[:seq.size] = seq
-        for m in range(max(self.seen, 1) + 1, seq.size + 1):
-            self.context = add_last(self.context, self.buf, m)
+        self.context = add_range(self.context, self.buf, self.seen + 1, seq.size)
         self.seen = max(self.seen, seq.size)
         d = draft_into(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, CONTEXT_MIN_TOTAL,
                        CONTEXT_MIN_PERCENT, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)

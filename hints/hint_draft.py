@@ -22,8 +22,8 @@ import numpy as np
 
 from . import lookup as lookup_kernels
 from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_last,
-                    cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into, new_cache,
-                    try_primary)
+                    add_range, cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into,
+                    new_cache, try_primary)
 
 # Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
 # the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
@@ -179,8 +179,7 @@ class HintDrafter:
             K = self.ia.out[0].shape[0]
             self.ia.out = tuple(np.zeros((K, 2 * n), np.int32) for _ in range(3))
         self.buf[:seq.size] = seq
-        for m in range(max(self.seen, 1) + 1, seq.size + 1):
-            self.context = add_last(self.context, self.buf, m)
+        self.context = add_range(self.context, self.buf, self.seen + 1, seq.size)
         self.seen = max(self.seen, seq.size)
         d = draft_hints(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, self.ia.table,
                         self.ia.scratch, self.ia.out, self.min_count, self.min_purity, self.index_first)

@@ -12,7 +12,6 @@ be). docs/inference.md explains the figures.
 """
 import argparse
 import json
-import os
 import sys
 import time
 

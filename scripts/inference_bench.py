@@ -11,7 +11,7 @@ llama.cpp's drafting and the hints policy, in turn (so machine noise falls on al
                        their bytes; the process's peak RSS;
   4 end to end         generated tokens per second over all prompts, and the ratio to no drafting.
 Each figure is the median over --repeats runs with its min-max; the script also checks that every
-drafted run's tokens equal the undrafted run's (greedy).
+drafted run's tokens equal the undrafted run's (greedy, or seeded sampling: one draw per token).
 """
 import argparse
 import json
@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from data.tokenizer import gpt2
 from hints.draft import LlamaDrafter, load_static, static_nbytes
 from hints.hint_draft import HintDrafter
 from hints.index import HintIndex
@@ -57,6 +58,9 @@ def main(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--n-draft", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sample-then-compare (seeded)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-hints", action="store_true", help="generate with the backbone alone (drafting still uses the index)")
@@ -83,7 +87,8 @@ def main(argv=None):
     for r in range(args.repeats):
         ref = None
         for name, d in drafters.items():
-            outs = [gen.generate(pr, args.max_new_tokens, drafter=d, n_draft=args.n_draft) for pr in prompts]
+            outs = [gen.generate(pr, args.max_new_tokens, drafter=d, n_draft=args.n_draft, temperature=args.temperature,
+                                 top_k=args.top_k, seed=args.seed + i) for i, pr in enumerate(prompts)]
             toks = [o["tokens"] for o in outs]
             ref = toks if ref is None else ref
             identical &= toks == ref
@@ -95,6 +100,7 @@ def main(argv=None):
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.1f} tok/s" for k, v in runs.items()),
               flush=True)
     res = dict(checkpoint=args.checkpoint, index=args.index, hints=not args.no_hints, prompts=len(prompts),
+               temperature=args.temperature, top_k=args.top_k,
                prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, n_draft=args.n_draft,
                threads=args.threads, repeats=args.repeats, greedy_identical=bool(identical),
                index_load_s=spread(loads["index"]), index_bytes=int(HintIndex.load(args.index).geom.nbytes),
@@ -114,6 +120,8 @@ def main(argv=None):
           + (f", static cache load {fmt(res['static_load_s'], '{:.4f}')} s ({res['static_bytes'] / 2**20:.1f} MiB)"
              if res["static_load_s"] else "") + f", peak RSS {res['peak_rss_mib']:.0f} MiB; greedy tokens identical "
           f"with and without drafting: {identical}")
+    print("tokens: " + " | ".join(repr(gpt2().decode([t for t in ref[i] if t < gpt2().n_vocab]))[:80]
+                                  for i in range(min(2, len(ref)))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

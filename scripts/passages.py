@@ -12,7 +12,6 @@ holds is where hints matter: the record's article reports 3.4-4.6 without hints 
 """
 import argparse
 import json
-import os
 import sys
 
 

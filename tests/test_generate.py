@@ -179,7 +179,6 @@ def test_mismatched_index_and_unsafe_checkpoints_are_refused(trained, capsys):
 
 
 def test_passages_report(trained, capsys):
-    from data.tokenizer import gpt2  # noqa: F401  (passages.py tokenizes text; here ids come as a .npy file)
     text = trained["text"]
     np.save(trained["tmp"] / "passages.npy", text[:1000])
     out = trained["tmp"] / "p.json"
