@@ -118,7 +118,7 @@ def main(argv=None):
               f"{fmt(r['speedup'], '{:.2f}'):>24}")
     print(f"index load {fmt(res['index_load_s'], '{:.4f}')} s ({res['index_bytes'] / 2**20:.0f} MiB mapped)"
           + (f", static cache load {fmt(res['static_load_s'], '{:.4f}')} s ({res['static_bytes'] / 2**20:.1f} MiB)"
-             if res["static_load_s"] else "") + f", peak RSS {res['peak_rss_mib']:.0f} MiB; greedy tokens identical "
+             if res["static_load_s"] else "") + f", peak RSS {res['peak_rss_mib']:.0f} MiB; tokens identical "
           f"with and without drafting: {identical}")
     print("tokens: " + " | ".join(repr(gpt2().decode([t for t in ref[i] if t < gpt2().n_vocab]))[:80]
                                   for i in range(min(2, len(ref)))))
