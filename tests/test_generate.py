@@ -112,6 +112,23 @@ def test_greedy_and_seeded_tokens_do_not_depend_on_drafting(trained):
         assert gen.generate(prompt, 40, temperature=0.8, top_k=50, seed=4)["tokens"] != sampled["tokens"]
 
 
+def test_an_index_built_from_hint_files_gives_the_saved_ones_hints(trained):
+    """--hint-files: the index is built (Geometry.for_tokens) and sealed from the shards."""
+    from data.manifest import write_manifest
+    from data.shards import write_shard
+    folder = trained["tmp"] / "shards"
+    folder.mkdir()
+    write_shard(folder / "train_000000.bin", trained["text"].astype(np.uint16))
+    write_manifest(folder)
+    built, _ = open_index(None, str(folder / "train_*.bin"), LENGTHS)
+    saved, _ = open_index(trained["index"], None, LENGTHS)
+    q = phrase_text(3000, 9).astype(np.uint16)
+    assert built.tokens_added == trained["text"].size and built.sealed
+    a, b = val_hint_arrays(built, q, 0, q.size)[0], val_hint_arrays(saved, q, 0, q.size)[0]
+    assert (a >= 0).sum() > q.size  # hints at most positions (phrase text the index holds)
+    assert (a == b).mean() > 0.99   # the geometries differ (Geometry.for_tokens is smaller): a few drops
+
+
 def test_generation_stops_at_the_context(trained):
     model, lengths = load_model(trained["path"])
     out = Generator(model).generate(phrase_text(200, 7)[:100], 64, drafter=LlamaDrafter(), n_draft=16)
