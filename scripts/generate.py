@@ -41,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--static-cache", help="--draft llama: a static cache file (python -m hints draft-stats "
                    "--static-cache writes one); default: no static cache")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the model runs")
     p.add_argument("--json", help="write tokens, text and the figures here")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.n_draft < 1 or args.temperature < 0 or args.top_k < 0:
@@ -86,7 +87,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        model, lengths = load_model(args.checkpoint)
+        model, lengths = load_model(args.checkpoint, args.device)
         index, load_s = None, 0.0
         if args.index or args.hint_files:
             index, load_s = open_index(args.index, args.hint_files, lengths)
