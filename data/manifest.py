@@ -7,11 +7,17 @@ sha256 and largest token id. It is written last and atomically by whatever wrote
 verifying each file against the hub; or `python -m data.manifest DIR` for shards made
 elsewhere), so a folder with a manifest holds a complete set.
 
+Shards made elsewhere (modded-nanogpt's or llm.c's folders) have none. The first read of such
+a folder through a glob records one (`record_on_first_read`): every .bin file in it (and every
+file the glob matched) is read once (header and size checked, sha256 and largest token id
+recorded for --verify and check_token_ids), and the set is written as the folder's manifest.json when the folder takes the write, or else held in memory
+for the life of the process; one line says which. From then on the folder reads like any other.
+
 The rule readers apply (`check_shards`, behind data.loader.resolve_files: training,
 validation, the hint builders and the hints CLI):
-- a glob pattern: every folder it matches files in must have a manifest; every matched file
-  must be listed with its size and token count; every listed file the pattern matches must
-  exist. Anything else is a ValueError naming the file and what to do.
+- a glob pattern: a folder it matches files in without a manifest is recorded as above; every
+  matched file must be listed with its size and token count; every listed file the pattern
+  matches must exist. Anything else is a ValueError naming the file and what to do.
 - an explicit file path (no wildcard): if its folder has a manifest, the file must agree
   with it; otherwise the file is read on its own (its header and size are checked, as always).
 A file's sha256 is checked by `python -m data.manifest --verify DIR` (it reads every byte),
@@ -43,6 +49,8 @@ PARTIAL_PREFIX = ".partial-"  # shard_set's temporary folder inside the output f
 READ_BYTES = 1 << 24    # one pass over a shard reads it 16 MiB at a time (hash and max id together)
 
 _max_id_cache = {}  # (realpath, size, mtime_ns) -> largest token id, for files without a manifest
+_held = {}  # absolute folder -> the manifest recorded on its first read, where the folder could not be written
+RECORDED_ON_READ = "recorded on first read"  # the "source" of a manifest record_on_first_read wrote
 
 
 def describe_shard(path):
@@ -92,18 +100,27 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
+def describe_files(folder, names, progress=False):
+    """{name: describe_shard(...)} for the shards `names` of `folder` (each read once)."""
+    return {n: describe_shard(os.path.join(folder, n))
+            for n in tqdm(sorted(names), desc=f"manifest {folder}", unit="shard", disable=not progress)}
+
+
+def new_manifest(entries, source=None):
+    return {"format": FORMAT, "version": VERSION, "source": source, "files": dict(sorted(entries.items()))}
+
+
 def write_manifest(folder, entries=None, source=None, progress=False):
     """Write `folder`'s manifest atomically (temp file, fsync, rename). entries: {name:
     describe_shard(...)}; by default every *.bin file in the folder is described (read once).
     source: where the set came from (e.g. the hub repo and revision). Returns the manifest."""
     folder = os.path.abspath(folder)
     if entries is None:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n)))
+        names = [n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))]
         if not names:
             raise FileNotFoundError(f"{folder}: no .bin shards to record in a manifest")
-        entries = {n: describe_shard(os.path.join(folder, n))
-                   for n in tqdm(names, desc="manifest", unit="shard", disable=not progress)}
-    m = {"format": FORMAT, "version": VERSION, "source": source, "files": dict(sorted(entries.items()))}
+        entries = describe_files(folder, names, progress)
+    m = new_manifest(entries, source)
     tmp = manifest_path(folder) + f".tmp{os.getpid()}"
     try:
         with open(tmp, "w") as f:
@@ -115,6 +132,37 @@ def write_manifest(folder, entries=None, source=None, progress=False):
         if os.path.exists(tmp):
             os.remove(tmp)
     _fsync_dir(folder)
+    return m
+
+
+def manifest_of(folder):
+    """`folder`'s manifest: its manifest.json, else the one this process recorded and holds for
+    it (a folder it could not write); None when there is neither."""
+    m = read_manifest(folder)
+    return m if m is not None else _held.get(os.path.abspath(folder))
+
+
+def record_on_first_read(folder, matched=(), log=print, progress=True):
+    """Record the shards of `folder`, which has no manifest: every .bin file in it and the
+    `matched` paths, each read once (header, size, sha256, largest id; a bad one is a ValueError
+    naming it). The set is written as the folder's manifest.json when the folder takes the write,
+    else held in memory for this process; one line to `log` says which. Returns the manifest."""
+    folder = os.path.abspath(folder)
+    names = {n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))}
+    names |= {os.path.basename(f) for f in matched}
+    entries = describe_files(folder, names, progress)
+    what = (f"{len(entries)} shards ({sum(e['tokens'] for e in entries.values()):,} tokens, each read once: header "
+            f"and size checked, largest id {max(e['max_id'] for e in entries.values())})")
+    try:
+        m = write_manifest(folder, entries, source=RECORDED_ON_READ)
+    except OSError as e:  # a read-only folder (or a full disk): the run goes on with the set held here
+        m = _held[folder] = new_manifest(entries, RECORDED_ON_READ)
+        if log:
+            log(f"shards: {folder} has no {MANIFEST} and could not take one ({e.strerror}); its {what} are held "
+                f"in memory for this run")
+        return m
+    if log:
+        log(f"shards: {folder} had no {MANIFEST}; recorded its {what} in {manifest_path(folder)}")
     return m
 
 
@@ -137,34 +185,35 @@ def _how_to_record(folder):
     return f"if its shards are complete and current, record them: python -m data.manifest {folder}"
 
 
-def check_shards(patterns):
+def check_shards(patterns, log=print, progress=True):
     """The sorted shard paths named by `patterns` (a glob, a path, or a list of them), each
-    checked against its folder's manifest by the rule in this module's docstring."""
+    checked against its folder's manifest by the rule in this module's docstring. log and
+    progress: the one-line notice and the progress bar of a folder recorded on first read (log None:
+    no line; progress False: no bar)."""
     patterns = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
     files = list_shards(patterns)
     manifests = {}
 
-    def manifest_of(folder):
+    def folder_manifest(folder):
         if folder not in manifests:
-            manifests[folder] = read_manifest(folder)
+            manifests[folder] = manifest_of(folder)
         return manifests[folder]
 
     for p in patterns:
         p = os.path.expanduser(os.fspath(p))
         if not _has_wildcard(p):  # an explicit file: checked only if its folder has a manifest
             folder = os.path.dirname(os.path.abspath(p))
-            m = manifest_of(folder)
+            m = folder_manifest(folder)
             if m is not None:
                 _check_listed(os.path.abspath(p), folder, m)
             continue
         matched = [os.path.abspath(f) for f in list_shards(p)]
         for folder in sorted({os.path.dirname(f) for f in matched}):
-            m = manifest_of(folder)
+            here = [f for f in matched if os.path.dirname(f) == folder]
+            m = folder_manifest(folder)
             if m is None:
-                raise ValueError(f"shard folder {folder} has no {MANIFEST}, so nothing says which of its files "
-                                 f"form a complete set (a partial download or an older run's leftovers would "
-                                 f"be read silently); {_how_to_record(folder)}")
-            for f in (f for f in matched if os.path.dirname(f) == folder):
+                m = manifests[folder] = record_on_first_read(folder, here, log, progress)
+            for f in here:
                 _check_listed(f, folder, m)
             if not _has_wildcard(os.path.dirname(p)):
                 name_pattern = os.path.basename(p)
@@ -220,15 +269,16 @@ def first_id_at_least(path, vocab_size):
     return None
 
 
-def check_token_ids(files, vocab_size):
+def check_token_ids(files, vocab_size, log=print, progress=True):
     """Refuse shards holding a token id >= vocab_size, before any training step: ValueError
     naming the file, the position and the value. files: a glob, a path or a list (checked
-    against manifests as data.loader reads them). Returns the largest id found."""
+    against manifests as data.loader reads them; log, progress: as check_shards). Returns the
+    largest id found."""
     top, manifests = -1, {}
-    for path in check_shards(files):
+    for path in check_shards(files, log, progress):
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in manifests:
-            manifests[folder] = read_manifest(folder)
+            manifests[folder] = manifest_of(folder)
         m = _max_id(path, manifests[folder])
         if m >= vocab_size:
             pos, value = first_id_at_least(path, vocab_size)
@@ -300,8 +350,8 @@ def verify_folder(folder, progress=True):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Record the .bin shards of a folder as one complete set in its manifest.json (readers refuse "
-        "a folder of shards without one), or verify a folder against its manifest.")
+        description="Record the .bin shards of a folder as one complete set in its manifest.json (the first read "
+        "of a folder without one records it too), or verify a folder against its manifest.")
     parser.add_argument("folder", help="folder of .bin shards")
     parser.add_argument("--verify", action="store_true", help="check every listed shard's sha256, size and ids instead")
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
 """The run's data: shard globs resolved against the repo, every shard checked before step 1
-(complete manifests, token ids below the vocabulary), the training loader and the val tokens."""
+(manifests that agree with the files, recorded on the first read of a folder without one; token
+ids below the vocabulary), the training loader and the val tokens."""
 import glob
 import os
 
@@ -15,8 +16,9 @@ def repo_glob(pattern):
 
 
 def open_data(args, d, log, local_corpus=False):
-    """(train files, val files, loader, val tokens), every shard checked before step 1: complete
-    manifests and token ids < --vocab-size. Bad data ends the run here, in one line naming the file.
+    """(train files, val files, loader, val tokens), every shard checked before step 1: manifests
+    that agree (data/manifest.py records one for a folder without, in one logged line) and token
+    ids < --vocab-size. Bad data ends the run here, in one line naming the file.
     local_corpus: the files are the demo's local corpus, built here on first use."""
     if local_corpus:
         if d.local_rank == 0:  # the local demo corpus: built on first use, rebuilt when partial
@@ -26,8 +28,12 @@ def open_data(args, d, log, local_corpus=False):
         d.barrier()
     train_files, val_files = repo_glob(args.train_files), repo_glob(args.val_files)
     try:
+        if d.local_rank != 0:
+            d.barrier()  # local rank 0 checks first: a folder without a manifest is read and recorded once
         for files in (train_files, val_files):
-            check_token_ids(files, args.vocab_size)
+            check_token_ids(files, args.vocab_size, log=log, progress=d.master)
+        if d.local_rank == 0:
+            d.barrier()
         loader = DistributedDataLoader(train_files, args.batch_size, args.seq_len, rank=d.rank,
                                        world_size=d.world_size, align_to_documents=args.align_documents,
                                        log=log if d.master else None)
