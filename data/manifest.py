@@ -10,8 +10,9 @@ elsewhere), so a folder with a manifest holds a complete set.
 Shards made elsewhere (modded-nanogpt's or llm.c's folders) have none. The first read of such
 a folder through a glob records one (`record_on_first_read`): every .bin file in it (and every
 file the glob matched) is read once (header and size checked, sha256 and largest token id
-recorded for --verify and check_token_ids), and the set is written as the folder's manifest.json when the folder takes the write, or else held in memory
-for the life of the process; one line says which. From then on the folder reads like any other.
+recorded for --verify and check_token_ids), and the set is written as the folder's
+manifest.json when the folder takes the write, or else held in memory for the life of the
+process; one line says which. From then on the folder reads like any other.
 
 The rule readers apply (`check_shards`, behind data.loader.resolve_files: training,
 validation, the hint builders and the hints CLI):
