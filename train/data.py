@@ -1,13 +1,26 @@
 """The run's data: shard globs resolved against the repo, every shard checked before step 1
 (manifests that agree with the files, recorded on the first read of a folder without one; token
-ids below the vocabulary), the training loader and the val tokens."""
+ids below the vocabulary), the training loader, the val tokens and each rank's share of them."""
 import glob
 import os
 
-from data.loader import DistributedDataLoader
+from data.loader import DistributedDataLoader, read_tokens
 from data.manifest import check_token_ids
 from train.common import REPO_DIR
-from train.evaluate import read_val_tokens, val_split
+
+
+def read_val_tokens(val_files, n_tokens):
+    """The first n_tokens scored val tokens: n_tokens + 1 (the last is only a target)."""
+    return read_tokens(val_files, n_tokens + 1, strict=False)
+
+
+def val_split(n_val, seq_len, batch_size, rank, world_size):
+    """This rank's share of the val stream: (first sequence, sequences, batch size)."""
+    n_seq = max(n_val - 1, 0) // seq_len
+    per_rank = n_seq // world_size
+    bs = max(1, min(batch_size, per_rank))
+    per_rank = per_rank // bs * bs  # whole batches: one shape, one compiled graph
+    return rank * per_rank, per_rank, bs
 
 
 def repo_glob(pattern):
