@@ -151,7 +151,11 @@ def record_on_first_read(folder, matched=(), log=print, progress=True):
     folder = os.path.abspath(folder)
     names = {n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))}
     names |= {os.path.basename(f) for f in matched}
-    entries = describe_files(folder, names, progress)
+    try:
+        entries = describe_files(folder, names, progress)
+    except ValueError as e:
+        raise ValueError(f"{e} (read to record {folder}, which has no {MANIFEST}: every .bin file in it is taken "
+                         f"as a shard of its set; move out what is not)") from None
     what = (f"{len(entries)} shards ({sum(e['tokens'] for e in entries.values()):,} tokens, each read once: header "
             f"and size checked, largest id {max(e['max_id'] for e in entries.values())})")
     try:

@@ -70,6 +70,18 @@ def test_an_llmc_folder_without_a_manifest_trains(tmp_path):
         f"shards are complete and current, record them: python -m data.manifest {folder}")
 
 
+def test_a_bad_file_in_a_folder_without_a_manifest_is_named(tmp_path):
+    from data.loader import read_tokens
+    folder = llmc_folder(tmp_path, train_tokens=3_000, val_tokens=500)
+    write_shard(tmp_path / "fineweb_train_000002.bin", np.arange(2_000) % VOCAB)
+    with open(tmp_path / "fineweb_train_000002.bin", "r+b") as f:  # a download cut short
+        f.truncate(1024 + 2 * 1_500)
+    with pytest.raises(ValueError, match=rf"fineweb_train_000002\.bin: token count is 2000, .* \(truncated\) "
+                                         rf"\(read to record {folder}, which has no manifest\.json"):
+        read_tokens(str(folder / "fineweb_val_*.bin"))  # the val glob records the folder: train shards too
+    assert not (folder / "manifest.json").exists()
+
+
 # `sh -c` script: bind-mount the folder ($0) onto itself read-only, then run the command. Inside a
 # user and mount namespace of its own (unshare -rm) this needs no privilege, and it stops root too.
 READ_ONLY_MOUNT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
