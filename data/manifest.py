@@ -9,8 +9,9 @@ elsewhere), so a folder with a manifest holds a complete set.
 
 Shards made elsewhere (modded-nanogpt's or llm.c's folders) have none. The first read of such
 a folder through a glob records one (`record_on_first_read`): every .bin file in it (and every
-file the glob matched) is read once (header and size checked, sha256 and largest token id
-recorded for --verify and check_token_ids), and the set is written as the folder's
+file the glob matched) is read once (header and size checked, largest token id recorded for
+check_token_ids; no sha256, whose hashing would cost a 10B-token folder minutes of CPU: `python
+-m data.manifest DIR` records hashes too), and the set is written as the folder's
 manifest.json when the folder takes the write, or else held in memory for the life of the
 process; one line says which. From then on the folder reads like any other.
 
@@ -51,25 +52,28 @@ READ_BYTES = 1 << 24    # one pass over a shard reads it 16 MiB at a time (hash 
 
 _max_id_cache = {}  # (realpath, size, mtime_ns) -> largest token id, for files without a manifest
 _held = {}  # absolute folder -> the manifest recorded on its first read, where the folder could not be written
-RECORDED_ON_READ = "recorded on first read"  # the "source" of a manifest record_on_first_read wrote
+RECORDED_ON_READ = {"recorded": "on the first read of the folder"}  # the "source" of record_on_first_read's manifests
 
 
-def describe_shard(path):
-    """One pass over shard `path`: {"tokens", "bytes", "sha256", "max_id"} (max_id -1 when empty)."""
+def describe_shard(path, digest=True):
+    """One pass over shard `path`: {"tokens", "bytes", "sha256", "max_id"} (max_id -1 when empty;
+    sha256 None unless `digest`: hashing costs ~30x the id pass, ~4 s/GiB on one core here)."""
     count = read_header(path)
-    h, top = hashlib.sha256(), -1
+    h, top = hashlib.sha256() if digest else None, -1
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
-        h.update(head)
+        if h:
+            h.update(head)
         carry = b""
         while block := f.read(READ_BYTES):
-            h.update(block)
+            if h:
+                h.update(block)
             block = carry + block
             usable = len(block) - len(block) % TOKEN_DTYPE.itemsize
             if usable:
                 top = max(top, int(np.frombuffer(block[:usable], dtype=TOKEN_DTYPE).max()))
             carry = block[usable:]
-    return {"tokens": count, "bytes": os.path.getsize(path), "sha256": h.hexdigest(), "max_id": top}
+    return {"tokens": count, "bytes": os.path.getsize(path), "sha256": h.hexdigest() if h else None, "max_id": top}
 
 
 def manifest_path(folder):
@@ -101,9 +105,9 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
-def describe_files(folder, names, progress=False):
+def describe_files(folder, names, progress=False, digest=True):
     """{name: describe_shard(...)} for the shards `names` of `folder` (each read once)."""
-    return {n: describe_shard(os.path.join(folder, n))
+    return {n: describe_shard(os.path.join(folder, n), digest)
             for n in tqdm(sorted(names), desc=f"manifest {folder}", unit="shard", disable=not progress)}
 
 
@@ -145,14 +149,14 @@ def manifest_of(folder):
 
 def record_on_first_read(folder, matched=(), log=print, progress=True):
     """Record the shards of `folder`, which has no manifest: every .bin file in it and the
-    `matched` paths, each read once (header, size, sha256, largest id; a bad one is a ValueError
+    `matched` paths, each read once (header, size, largest id, no sha256; a bad one is a ValueError
     naming it). The set is written as the folder's manifest.json when the folder takes the write,
     else held in memory for this process; one line to `log` says which. Returns the manifest."""
     folder = os.path.abspath(folder)
     names = {n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))}
     names |= {os.path.basename(f) for f in matched}
     try:
-        entries = describe_files(folder, names, progress)
+        entries = describe_files(folder, names, progress, digest=False)
     except ValueError as e:
         raise ValueError(f"{e} (read to record {folder}, which has no {MANIFEST}: every .bin file in it is taken "
                          f"as a shard of its set; move out what is not)") from None
@@ -348,6 +352,8 @@ def verify_folder(folder, progress=True):
             raise ValueError(f"shard folder {folder}: {MANIFEST} lists {name}, which is missing")
         got = describe_shard(path)
         for key in ("bytes", "tokens", "sha256", "max_id"):
+            if key == "sha256" and entry.get(key) is None:
+                continue  # recorded on first read: no hash to compare (main says so)
             if got[key] != entry.get(key):
                 raise ValueError(f"shard {path}: {key} is {got[key]}, {manifest_path(folder)} says {entry.get(key)}")
     return m
@@ -363,7 +369,10 @@ def main(argv=None):
     try:
         if args.verify:
             m = verify_folder(args.folder)
-            print(f"{args.folder}: {len(m['files'])} shards agree with {MANIFEST}")
+            unhashed = sum(e.get("sha256") is None for e in m["files"].values())
+            print(f"{args.folder}: {len(m['files'])} shards agree with {MANIFEST}" + (
+                f"; {unhashed} of them with no sha256 recorded (recorded on first read), so their sizes, token "
+                f"counts and largest ids only: python -m data.manifest {args.folder} records hashes" if unhashed else ""))
         else:
             m = write_manifest(args.folder, progress=True)
             tokens = sum(e["tokens"] for e in m["files"].values())
