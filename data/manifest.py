@@ -22,8 +22,8 @@ validation, the hint builders and the hints CLI):
   matches must exist. Anything else is a ValueError naming the file and what to do.
 - an explicit file path (no wildcard): if its folder has a manifest, the file must agree
   with it; otherwise the file is read on its own (its header and size are checked, as always).
-A file's sha256 is checked by `python -m data.manifest --verify DIR` (it reads every byte),
-not on every read.
+A file's sha256, where recorded, is checked by `python -m data.manifest --verify DIR` (it reads
+every byte), not on every read.
 
 `check_token_ids(files, vocab_size)` refuses ids >= the vocabulary before training, from the
 manifest's recorded maxima (no shard is read) or, for a file without a manifest, from one
@@ -49,6 +49,7 @@ FORMAT = "llmc-shards"  # the manifest's "format" field; the shards are llm.c .b
 VERSION = 1
 PARTIAL_PREFIX = ".partial-"  # shard_set's temporary folder inside the output folder (no glob of shards matches it)
 READ_BYTES = 1 << 24    # one pass over a shard reads it 16 MiB at a time (hash and max id together)
+PROGRESS_DELAY_S = 2.0  # a folder read faster than this shows no progress bar (a tiny run's log stays clean)
 
 _max_id_cache = {}  # (realpath, size, mtime_ns) -> largest token id, for files without a manifest
 _held = {}  # absolute folder -> the manifest recorded on its first read, where the folder could not be written
@@ -107,9 +108,11 @@ def _fsync_dir(folder):
 
 
 def describe_files(folder, names, progress=False, digest=True):
-    """{name: describe_shard(...)} for the shards `names` of `folder` (each read once)."""
+    """{name: describe_shard(...)} for the shards `names` of `folder` (each read once). The progress
+    bar shows only once reading has taken PROGRESS_DELAY_S: a small folder's record is one line."""
     return {n: describe_shard(os.path.join(folder, n), digest)
-            for n in tqdm(sorted(names), desc=f"manifest {folder}", unit="shard", disable=not progress)}
+            for n in tqdm(sorted(names), desc=f"manifest {folder}", unit="shard", disable=not progress,
+                          delay=PROGRESS_DELAY_S)}
 
 
 def new_manifest(entries, source=None):

@@ -53,6 +53,7 @@ def test_an_llmc_folder_without_a_manifest_trains(tmp_path):
     assert notices(p.stdout) == [f"shards: {folder} had no manifest.json; recorded its 2 shards (35,000 tokens, each "
                                  f"read once: header and size checked, largest id {VOCAB - 1}) in "
                                  f"{folder / 'manifest.json'}"], p.stdout
+    assert "manifest" not in p.stderr  # one line in all: no progress bar for a folder read in under 2 s
     m = json.loads((folder / "manifest.json").read_text())
     assert m["source"] == RECORDED_ON_READ
     assert {n: e["tokens"] for n, e in m["files"].items()} == {"fineweb_train_000001.bin": 30_000,
