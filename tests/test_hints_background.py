@@ -42,7 +42,7 @@ def shards(tmp_path):
     toks = rng.integers(0, 40, size=60_000).astype(np.uint16)
     write_shard(tmp_path / "train_000000.bin", toks[:25_000])
     write_shard(tmp_path / "train_000001.bin", toks[25_000:])
-    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(tmp_path)  # the set, recorded as its writer would (data/manifest.py)
     return str(tmp_path / "train_*.bin"), toks
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from data.loader import iter_tokens
 from hints import HintIndex
 from hints.background import start_for_node
+from train.data import val_split
 from train.placement import lower_priority
 
 class ValSource(NamedTuple):
@@ -67,7 +68,6 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
     if max_tokens <= 0:
         raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
                          f"give --hint-tokens > 0")
-    from train.evaluate import val_split  # here: train.evaluate imports this module
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
     exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
                             backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
