@@ -26,7 +26,7 @@ import warnings
 import numba
 import numpy as np
 
-from . import kernels, store
+from . import kernels, memory, store
 from . import lookup as lookup_kernels
 from .parallel import line_aligned, run_ranges, run_split
 from .geometry import MAX_TOKEN, SLOTS_PER_LINE, Geometry, _human
@@ -171,10 +171,12 @@ class HintIndex:
             if fd is None:
                 self._check_space(path)
                 store.create_file(path, geom)
-            else:
+                self.fill, self.table = store.map_arrays(path, geom, "r+")
+            else:  # shared memory (a memfd): sized, asked for huge pages, pre-faulted on `workers` threads
                 geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
-                store.reserve(fd, store.layout(geom)[2], path)
-            self.fill, self.table = store.map_arrays(path, geom, "r+")
+                os.ftruncate(fd, store.layout(geom)[2])
+                self.fill, self.table = store.map_arrays(path, geom, "r+")
+                self.prefault = memory.prefault_shared(fd, [self.fill, self.table], self.workers)
 
     def _init_state(self, geom, workers, path, chunk_tokens=None, tokens_added=0, history=None, dropped=0):
         """Everything but the table: shared by a new index and a loaded one."""
@@ -193,6 +195,7 @@ class HintIndex:
         self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
+        self.prefault = None  # a shared-memory table's reservation: how, on how many threads, in what time
         g = self.geom
         self._lengths = np.array(g.lengths, dtype=np.int64)
         self._pows = np.array([pow(int(kernels.HASH_MULT), L, 1 << 64) for L in g.lengths], dtype=np.uint64)

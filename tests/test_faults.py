@@ -161,7 +161,7 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it even when the s
 files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
 # as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach
 handle = BackgroundBuilder(files, tokens, geometry=Geometry(4, 8, 16, (6, 10, 20)), name=name,
-                           log=lambda *a: None, reserve_cpus=0).start()
+                           log=lambda *a: None, reserve_cpus=0).start().go()
 rank1 = BackgroundBuilder.attach(name)
 t = time.time()
 while rank1.status()["state"] != "running" and time.time() - t < 60:

@@ -59,7 +59,7 @@ def test_builds_same_index_as_in_process(shards):
     pattern, toks = shards
     b = BackgroundBuilder(pattern, 50_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}a", log=lambda *a: None)
     try:
-        b.start()
+        b.start().go()
         st = wait_for(b)
         assert st["state"] == "ready", st
         bg = b.open()
@@ -83,7 +83,7 @@ def test_unsealed_builder_leaves_the_build_order(shards):
     b = BackgroundBuilder(pattern, 20_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}u", log=lambda *a: None,
                           seal=False)
     try:
-        b.start()
+        b.start().go()
         assert wait_for(b)["state"] == "ready"
         bg = b.open()
         ref = HintIndex(GEOM).add(toks[:20_000])
@@ -131,7 +131,7 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
         "import sys, time, os\n"
         "from hints.background import BackgroundBuilder\n"
         "from hints import Geometry\n"
-        f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
+        f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start().go()\n"
         "t = time.time()\n"
         "while b.status()['state'] not in ('running', 'ready') and time.time() - t < 60: time.sleep(0.05)\n"
         "print(b.process.pid, flush=True)\n"
@@ -156,7 +156,7 @@ def test_close_stops_a_paused_builder_through_its_own_cleanup(tmp_path):
     long = write_shard(tmp_path / "long.bin", np.tile(np.arange(50, dtype=np.uint16), 480_000))  # 24M tokens:
     b = BackgroundBuilder(long, 24_000_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d",  # still running
                           log=lambda *a: None)  # when paused
-    b.start()
+    b.start().go()
     wait_for(b, states=("running",))  # its SIGTERM handler is installed by now
     os.kill(b.process.pid, signal.SIGSTOP)
     b.close()
@@ -171,7 +171,7 @@ def test_failure_reason_reaches_the_owner_and_attached_ranks(tmp_path, shards):
     raw[0] ^= 0xFF  # broken after the token count was taken: only the builder finds it
     (tmp_path / "train_000001.bin").write_bytes(bytes(raw))
     try:
-        b.start()
+        b.start().go()
         other = BackgroundBuilder.attach(b.name)
         st = wait_for(b, states=("failed",))
         assert "train_000001.bin" in st["error"] and "magic" in st["error"]
