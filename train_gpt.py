@@ -301,7 +301,7 @@ def main(argv=None):
     cache = ValHintCache()
     meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
     if with_background:  # the builder gets ready before the clock and hashes from its start
-        arm_background(background, meter, d, log)
+        arm_background(background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
     prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail).start(limit=next_sync(start_step))
     try:
         prep.wait_filled()  # the queue starts full, as the speedrun's clock would want

@@ -46,7 +46,7 @@ from data.shards import HEADER_BYTES
 from data.units import human_tokens, parse_token_count
 
 from .geometry import DEFAULT_LENGTHS, Geometry
-from .index import HintIndex
+from .index import HintIndex, compile_kernels
 from .tokens import count_tokens, iter_chunks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,8 +134,8 @@ def warm_page_cache(pattern, max_tokens, block=PAGE_CACHE_READ_BYTES):
 
 def _build_main(spec, commands):
     """The builder process (`python -m hints.background`): spec from the first line of stdin, then
-    it reserves and pre-faults the table, reads the shards into the page cache and reports
-    "armed"; it hashes its first token only when the trainer's next line says the clock started."""
+    it reserves and pre-faults the table, reads the shards into the page cache, loads its kernels
+    and reports "armed"; it hashes its first token only when the trainer's next line says the clock started."""
     def leave(signum, frame):
         os._exit(128 + signum)  # nothing to clean: the memory goes with the last process holding it
 
@@ -154,7 +154,9 @@ def _build_main(spec, commands):
         geom = Geometry(**spec["geometry"])
         idx = HintIndex(geom, workers=spec["workers"], path=index_fd).reserve(min(max_tokens, CHUNK_TOKENS))
         cached, cache_s = warm_page_cache(spec["train_files"], max_tokens)
-        status.update(state="armed", prefault=idx.prefault, page_cache_bytes=cached, page_cache_s=cache_s)
+        kernels_s = compile_kernels(geom.lengths)  # loaded from Numba's cache (the trainer compiled them)
+        status.update(state="armed", prefault=idx.prefault, page_cache_bytes=cached, page_cache_s=cache_s,
+                      kernels_s=kernels_s)
         write_status(status_fd, status)
         line = commands.readline()  # blocks until the clock starts (EOF: the trainer let go without one)
         if not line:

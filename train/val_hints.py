@@ -48,6 +48,9 @@ def pick_val_index(background_ready, background_state, have_val_index, have_trai
 
 # Lookup threads per rank for a saved or background index (the index releases the GIL).
 VAL_LOOKUP_WORKERS = 4
+# The final validation checks this often whether the background index is ready: the wait is
+# training time, and a status read is one pread of a few hundred bytes.
+FINAL_WAIT_POLL_S = 0.002
 
 
 # The article's open rules question about exact validation hints, logged with every run that uses them.
@@ -101,7 +104,7 @@ def wait_for_background(background, bg_wait, dist, log):
         log(f"final validation: waiting {limit} for the background index ({background.describe()}); "
             f"the wait counts as training time")
         t0 = time.perf_counter()
-        background.wait(bg_wait)
+        background.wait(bg_wait, poll_s=FINAL_WAIT_POLL_S)
         waited = time.perf_counter() - t0
     return dist.broadcast(waited)
 
@@ -146,12 +149,14 @@ def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, h
     return background
 
 
-def arm_background(background, meter, dist, log):
-    """Before the clock: wait (untimed) until the owner's builder has reserved and pre-faulted its
-    table and read its shards, then have the clock's first start release it (meter.on_clock_start).
-    Every rank passes the barrier at the end, so the clock starts after the builder is armed."""
+def arm_background(background, meter, dist, log, timeout_s=None):
+    """Before the clock: wait (untimed; at most timeout_s, None: until armed or failed) until the
+    owner's builder has reserved and pre-faulted its table and read its shards, then have the
+    clock's first start release it (meter.on_clock_start). Every rank passes the barrier at the
+    end, so the clock starts after the builder is armed. A builder still not armed gets its go
+    all the same and starts when it is (its build_started_s says how late)."""
     if background is not None and background.process is not None:
-        state = background.wait_armed()
+        state = background.wait_armed(timeout_s)
         st = background.status()
         pf = st.get("prefault") or {}
         if state == "armed":
