@@ -170,11 +170,11 @@ def arm_background(background, meter, dist, log, timeout_s=None):
     dist.barrier()
 
 
-def record_verdict(preset, final_val, background_status):
-    """(record_valid, reason) of a run: None for presets other than the record's. A record attempt
-    counts only when its final validation used the background index, built on the clock (no
-    token indexed before the clock started)."""
-    if preset != "record":
+def record_verdict(attempt, final_val, background_status):
+    """(record_valid, reason) of a run: (None, None) when it is no record attempt (another preset, or
+    a --no-hints baseline). An attempt counts only when its final validation used the background
+    index, built on the clock (no token indexed before the clock started)."""
+    if not attempt:
         return None, None
     if final_val.get("index") != "background":
         return False, f"the final validation did not use the background index ({final_val.get('index_reason')})"
