@@ -347,8 +347,9 @@ def main(argv=None):
 
     # -- summary -------------------------------------------------------------------------------------
     bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
-    record_valid, record_reason = record_verdict(args.preset == "record" and not args.no_hints, meter.last_val,
-                                                 bg_status)
+    # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
+    record_valid, record_reason = d.broadcast(record_verdict(args.preset == "record" and not args.no_hints,
+                                                             meter.last_val, bg_status))
     summary = meter.finish(
         log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
         world_size=d.world_size, device=str(d.device), resumed_from_step=start_step if args.resume else None,

@@ -26,7 +26,7 @@ import warnings
 import numba
 import numpy as np
 
-from . import kernels, memory, store
+from . import kernels, store
 from . import lookup as lookup_kernels
 from .parallel import line_aligned, run_ranges, run_split
 from .geometry import MAX_TOKEN, SLOTS_PER_LINE, Geometry, _human
@@ -173,6 +173,7 @@ class HintIndex:
                 store.create_file(path, geom)
                 self.fill, self.table = store.map_arrays(path, geom, "r+")
             else:  # shared memory (a memfd): sized, asked for huge pages, pre-faulted on `workers` threads
+                from . import memory  # here: `python -m hints.memory` runs that module as a script
                 geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
                 os.ftruncate(fd, store.layout(geom)[2])
                 self.fill, self.table = store.map_arrays(path, geom, "r+")
