@@ -5,8 +5,9 @@ set up -> data -> model -> hint indexes -> resume -> warm-up -> the loop -> summ
 Training-time hints come only from tokens already trained on: every rank grows a small index
 with each step's global batch after looking up that step's hints (train/hint_prep.py, in a
 thread ahead of the GPU). Validation reports loss with and without hints, with hints from the
-large index a separate process builds from training shards while the GPUs train
-(hints/background.py), else --val-index, else the training index (train/evaluate.py).
+large index a separate process builds from training shards while the GPUs train, from the
+clock's start (hints/background.py, docs/record.md), else --val-index, else the training index
+(train/evaluate.py). The record preset validates once, at the end, waiting for that index.
 docs/design.md explains the whole; --help lists every flag.
 
     python train_gpt.py --preset demo                               # CPU, one process
@@ -75,7 +76,9 @@ PRESETS = {
                    muon_momentum_warmup=RECORD_MOMENTUM_WARMUP, grad_sync="overlap", compile_mode="regions",
                    val_batch_size=None, train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
                    hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 35B
-                   hint_workers=RECORD_HINT_WORKERS, bg_wait=float("inf"), warmup_steps=10, log_every=10),
+                   hint_workers=RECORD_HINT_WORKERS, bg_wait=float("inf"), warmup_steps=10, log_every=10,
+                   bg_seal=False),  # ready as soon as built: sealing is a pass over the table on the clock, and
+                                    # only speeds up the validation's lookups, which are off it
     # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
     # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
     # tokens with and without hints take ~4 minutes.
@@ -264,7 +267,8 @@ def main(argv=None):
         bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
                                               if args.hint_geometry else None)
         background = start_background(hint_files, args.hint_tokens, lengths, bg_geom, run_id, d, args.hint_workers,
-                                      builder_cpus, log, workers=plan.builder_threads if plan else None)
+                                      builder_cpus, log, workers=plan.builder_threads if plan else None,
+                                      seal=getattr(args, "bg_seal", True))
     if args.val_hints != "background":
         exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
                                       batch_size=args.val_batch_size, dist=d, log=log)

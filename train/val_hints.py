@@ -132,7 +132,8 @@ def pick_index(with_background, background, val_index, train_index, dist):
 
 
 
-def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, hint_workers, cpus, log, workers=None):
+def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, hint_workers, cpus, log, workers=None,
+                     seal=True):
     """The node's background index: local rank 0 starts the builder (on `cpus`, else all but the
     cores the ranks keep: one for the loop and hint_workers for the prep thread each; `workers`
     threads, default one per cpu), at a lower priority than the ranks; the other local ranks
@@ -141,7 +142,7 @@ def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, h
     background = start_for_node(hint_files, hint_tokens, lengths, f"nghints-{run_id}-n{dist.node}",
                                 owner=dist.local_rank == 0, barrier=dist.barrier, log=log,
                                 reserve_cpus=dist.local_world_size * (1 + hint_workers), geometry=geometry, cpus=cpus,
-                                workers=workers)
+                                workers=workers, seal=seal)
     if background is not None:
         atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
         if background.process is not None:
