@@ -184,3 +184,25 @@ def test_failure_reason_reaches_the_owner_and_attached_ranks(tmp_path, shards):
 def test_attach_without_an_owner_is_a_clear_error():
     with pytest.raises(RuntimeError, match="nobody serves it"):
         BackgroundBuilder.attach(f"t{os.getpid()}-nobody")
+
+
+def test_armed_builder_indexes_nothing_until_the_clock_starts(shards):
+    """Before go() the builder reserves, pre-faults and reads, then waits: no token is indexed; after
+    go(clock_start) it builds, and its times count from that clock start."""
+    pattern, _ = shards
+    b = BackgroundBuilder(pattern, 50_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}g", log=lambda *a: None)
+    try:
+        b.start()
+        assert b.wait_armed(WAIT_S) == "armed"
+        time.sleep(1.0)  # an armed builder stays armed: it hashes nothing without the clock
+        st = b.status()
+        assert st["state"] == "armed" and st["tokens_done"] == 0 and "armed" in b.describe()
+        assert st["prefault"]["workers"] == 2 and st["page_cache_bytes"] >= 50_000 * 2
+        clock = time.monotonic()
+        b.go(clock)
+        st = wait_for(b)
+        assert st["state"] == "ready" and st["tokens_done"] == 50_000 and st["tokens_done_at_clock_start"] == 0
+        assert st["clock_start"] == clock and 0 <= st["build_started_s"] < st["ready_s"] <= time.monotonic() - clock
+    finally:
+        b.close()
+    assert leftovers(b.name) == []

@@ -29,7 +29,7 @@ def corpus(tmp_path_factory, phrase_corpus):
     return phrase_corpus(tmp_path_factory.mktemp("record"), sizes, VOCAB)
 
 
-def trainer(args, tmp_path, measure_rss=False):
+def trainer(args, tmp_path):
     """Run train_gpt.py in a fresh interpreter; (exit code, output, summary dict or None, peak RSS bytes)."""
     summary = tmp_path / "s.json"
     args = [*args, "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary)]
@@ -81,7 +81,7 @@ def test_llmc_at_demo_width_plans_and_runs_here_within_its_plan(corpus, tmp_path
             "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
             "--hint-files", str(corpus / "train_*.bin"), "--vocab-size", str(VOCAB), "--hint-tokens", "100000",
             "--bg-wait", "120", "--warmup-steps", "0"]
-    rc, out, s, rss = trainer(args, tmp_path, measure_rss=True)
+    rc, out, s, rss = trainer(args, tmp_path)
     assert rc == 0, out[-6000:]
     assert s["arch"] == "gpt2" and s["val_index"] == "background" and s["record_valid"] is None
     assert s["plan"]["rank_bytes"] < 2 << 30 and s["plan"]["memory_bytes"] <= s["plan"]["budget_bytes"]
