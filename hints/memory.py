@@ -191,6 +191,9 @@ def main(argv=None):
     p.add_argument("--modes", default="fallocate,populate,populate+thp,hugetlb")
     args = p.parse_args(argv)
     nbytes = int(args.gib * (1 << 30)) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    if nbytes < HUGE_PAGE_BYTES or args.workers < 1 or args.repeats < 1:
+        p.error(f"--gib {args.gib} / --workers {args.workers} / --repeats {args.repeats}: expected at least 2 MiB, "
+                f"1 worker and 1 repeat")
     print(f"shmem THP mode: {shmem_thp_mode()}; hugetlb pool free: {hugetlb_free_bytes() / 2**30:.2f} GiB; "
           f"{nbytes / 2**30:.2f} GiB, {args.workers} worker(s), {args.repeats} repeat(s), interleaved")
     modes = args.modes.split(",")
