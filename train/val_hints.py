@@ -172,8 +172,8 @@ def arm_background(background, meter, dist, log, timeout_s=None):
 
 
 def record_verdict(attempt, final_val, background_status):
-    """(record_valid, reason) of a run: (None, None) when it is no record attempt (another preset, or
-    a --no-hints baseline). An attempt counts only when its final validation used the background
+    """(record_valid, reason) of a run: (None, None) when it is no record attempt (another preset, a
+    --no-hints baseline, a run without a background index). An attempt counts only when its final validation used the background
     index, built on the clock (no token indexed before the clock started)."""
     if not attempt:
         return None, None
