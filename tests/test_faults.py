@@ -342,7 +342,7 @@ def test_index_files_are_private_and_never_follow_a_planted_link(tmp_path):
 def test_builder_spec_is_not_in_its_command_line(tmp_path):
     write_shard(tmp_path / "secret_train_000000.bin", stream_of(6, 20_000))
     b = BackgroundBuilder(str(tmp_path / "secret_train_000000.bin"), 20_000, geometry=GEOM, workers=1,
-                          name=f"faults{os.getpid()}argv", log=lambda *a: None).start()
+                          name=f"faults{os.getpid()}argv", log=lambda *a: None).start().go()
     try:
         cmdline = Path(f"/proc/{b.process.pid}/cmdline").read_bytes().decode()
         assert "secret_train" not in cmdline and "{" not in cmdline
