@@ -1,8 +1,10 @@
 """scripts/record_stats.py: its t distribution against exact and tabulated values, its table
 against a hand computation (and the article's 16 runs against its published t and p), and the
 whole protocol on tiny CPU runs: hinted and baseline legs interleaved, one log per run."""
+import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import record_stats as rs  # noqa: E402
+_spec = importlib.util.spec_from_file_location("record_stats", REPO / "scripts" / "record_stats.py")
+rs = importlib.util.module_from_spec(_spec)  # a script, not a package module: loaded from its file
+_spec.loader.exec_module(rs)
 
 
 def test_t_distribution_against_exact_and_tabulated_values():
@@ -85,7 +88,7 @@ def test_protocol_on_tiny_cpu_runs(tmp_path, phrase_corpus):
             "--attn-block-size", "16", "--value-embeds", "1", "--no-attn-layers", "", "--warmup-steps", "0"]
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "record_stats.py"), "--seeds", "2", "--pattern", "HHB",
                         "--nproc", "1", "--out", str(out), "--", *tiny], cwd=REPO, capture_output=True, text=True,
-                       timeout=900, env={**__import__("os").environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+                       timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     logs = sorted(x.name for x in (out / "legs").iterdir())
     assert logs == ["01_hinted_seed0.txt", "02_hinted_seed1.txt", "03_baseline_seed0.txt"]
