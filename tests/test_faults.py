@@ -161,7 +161,7 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it even when the s
 files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
 # as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach
 handle = BackgroundBuilder(files, tokens, geometry=Geometry(4, 8, 16, (6, 10, 20)), name=name,
-                           log=lambda *a: None, reserve_cpus=0).start()
+                           log=lambda *a: None, reserve_cpus=0).start().go()
 rank1 = BackgroundBuilder.attach(name)
 t = time.time()
 while rank1.status()["state"] != "running" and time.time() - t < 60:
@@ -342,7 +342,7 @@ def test_index_files_are_private_and_never_follow_a_planted_link(tmp_path):
 def test_builder_spec_is_not_in_its_command_line(tmp_path):
     write_shard(tmp_path / "secret_train_000000.bin", stream_of(6, 20_000))
     b = BackgroundBuilder(str(tmp_path / "secret_train_000000.bin"), 20_000, geometry=GEOM, workers=1,
-                          name=f"faults{os.getpid()}argv", log=lambda *a: None).start()
+                          name=f"faults{os.getpid()}argv", log=lambda *a: None).start().go()
     try:
         cmdline = Path(f"/proc/{b.process.pid}/cmdline").read_bytes().decode()
         assert "secret_train" not in cmdline and "{" not in cmdline
