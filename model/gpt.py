@@ -161,10 +161,12 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotates in float32, as the 2025-01-04 record does (bf16 has 8 bits of mantissa: the angles
+        of far positions would lose their low bits), and returns x's dtype."""
         T = x.size(1)
-        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+        cos, sin = self.cos[:T], self.sin[:T]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
 
 
 class SpeedrunBlock(nn.Module):
@@ -193,11 +195,14 @@ class SpeedrunBlock(nn.Module):
         if self.has_attention:
             h = rms_norm(x)
             heads = (*h.shape[:2], self.n_head, -1)
-            q = self.rotary(rms_norm(self.q(h).view(heads)))
-            k = self.rotary(rms_norm(self.k(h).view(heads)))
+            # one dtype into attention (FlexAttention's backward refuses a mix): v's, i.e. the Linear's
+            # output, bf16 under autocast. Embedding lookups are not autocast and rms_norm's autocast
+            # dtype differs between torch versions, so ve, q and k are cast to it.
             v = self.v(h)
+            q = self.rotary(rms_norm(self.q(h).view(heads))).type_as(v)
+            k = self.rotary(rms_norm(self.k(h).view(heads))).type_as(v)
             if self.value_mix is not None:
-                v = self.value_mix[0] * v if ve is None else self.value_mix[0] * v + self.value_mix[1] * ve
+                v = self.value_mix[0] * v if ve is None else self.value_mix[0] * v + self.value_mix[1] * ve.type_as(v)
             x = x + self.attn_proj(attend(q, k, v.view(heads), mask))
         return x + self.mlp_proj(F.relu(self.fc(rms_norm(x))).square())
 
@@ -283,6 +288,18 @@ class GPT(nn.Module):
             for block in self.blocks:
                 block.compile(dynamic=False)
             self._head = maybe_compile(self._head)
+        return self
+
+    def cast_embeddings(self, dtype: torch.dtype) -> "GPT":
+        """Keep the embedding tables (token and value embeddings) in `dtype`: bf16 on the GPU path,
+        as the 2025-01-04 record keeps them. Their lookups are not autocast, so float32 tables would
+        put float32 rows into a bf16 step; bf16 tables also halve their gradients' all-reduce
+        (model/grad_sync.py). The LM head stays float32 (the record's too). speedrun only: gpt2 ties
+        its token table to its LM head."""
+        if self.cfg.arch != "speedrun":
+            raise ValueError("cast_embeddings: the speedrun arch only (gpt2 ties wte to its LM head)")
+        self.wte.to(dtype)
+        self.value_embeds.to(dtype)
         return self
 
     def set_window_blocks(self, blocks: int) -> None:

@@ -78,6 +78,8 @@ def build_model(args, d, total):
     except ValueError as e:
         raise SystemExit(f"error: model: {e}") from None
     model = GPT(cfg).to(d.device)
+    if args.arch == "speedrun" and gpu_paths_enabled() and d.cuda:
+        model.cast_embeddings(torch.bfloat16)  # the record's bf16 embedding tables (before the optimizers)
     optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
                                   grad_sync=args.grad_sync)
     compile_model = gpu_paths_enabled() if args.compile is None else args.compile
