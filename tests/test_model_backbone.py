@@ -1,6 +1,9 @@
 """The later-record backbone features of the speedrun GPT, each on its own and all together:
 shapes, causality, the exact no-op of absent hints, windowed document attention (FlexAttention
-and the explicit SDPA mask agree), and the padded-width logits and loss."""
+and the explicit SDPA mask agree), and the padded-width logits and loss. The tests that take
+the `amp` fixture run twice: in float32 and under CPU bf16 autocast (what the GPU path runs
+in bf16; tests/test_model_autocast.py checks its dtypes)."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -26,6 +29,16 @@ FEATURES = {
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(params=["float32", "bf16-autocast"])
+def amp(request):
+    """The context the test's forwards run in: none (float32), then CPU bf16 autocast. Per forward,
+    as the trainer enters it: autocast caches its bf16 copies of the weights until the outermost
+    autocast region exits, so a region around optimizer steps would keep reading stale weights."""
+    if request.param == "float32":
+        return contextlib.nullcontext
+    return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 def tiny_model(features, seed=0, **overrides):
     torch.manual_seed(seed)
     n_layer = 8 if features is RECORD_BACKBONE else 4  # the record's block 7 has no attention
@@ -40,9 +53,10 @@ def batch(generator=None):
     return idx, idx.roll(-1, 1)
 
 
-def trained(features, steps=3, **overrides):
+def trained(features, steps=3, amp=contextlib.nullcontext, **overrides):
     """A model after a few steps, so zero-initialised weights and mixes (LM head, output
-    projections, the embedding-skip weight of x0) are nonzero and every path carries signal."""
+    projections, the embedding-skip weight of x0) are nonzero and every path carries signal;
+    amp: the context of each forward."""
     model = tiny_model(features, **overrides)
     optimizers = build_optimizers(model, arch="speedrun")
     g = torch.Generator().manual_seed(1)
@@ -50,7 +64,9 @@ def trained(features, steps=3, **overrides):
         idx, targets = batch(g)
         hints = torch.randint(-1, VOCAB, (B, T, K), generator=g)
         kinds = torch.randint(0, 126, (B, T, K), generator=g).masked_fill(hints < 0, -1)
-        model(idx, targets, hints, kinds).backward()
+        with amp():
+            loss = model(idx, targets, hints, kinds)
+        loss.backward()
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
@@ -58,13 +74,14 @@ def trained(features, steps=3, **overrides):
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_shapes_and_gradients(name):
+def test_shapes_and_gradients(name, amp):
     model = tiny_model(FEATURES[name])
     idx, targets = batch()
-    logits = model(idx)
-    assert logits.shape == (B, T, VOCAB) and logits.dtype == torch.float32
     hints = torch.randint(-1, VOCAB, (B, T, K))
-    loss = model(idx, targets, hints, torch.randint(0, 126, (B, T, K)))
+    with amp():
+        logits = model(idx)
+        loss = model(idx, targets, hints, torch.randint(0, 126, (B, T, K)))
+    assert logits.shape == (B, T, VOCAB) and logits.dtype == torch.float32
     assert loss.shape == () and torch.isfinite(loss)
     loss.backward()
     n_blocks = model.cfg.n_layer
@@ -77,26 +94,26 @@ def test_shapes_and_gradients(name):
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_causal(name):
+def test_causal(name, amp):
     """Changing the token at position t leaves the logits of every earlier position unchanged."""
-    model = trained(FEATURES[name])
+    model = trained(FEATURES[name], amp=amp)
     idx, _ = batch(torch.Generator().manual_seed(5))
     t = T // 2 + 1
     changed = idx.clone()
     changed[:, t] = (idx[:, t] + 1) % VOCAB
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         before, after = model(idx), model(changed)
     assert torch.equal(before[:, :t], after[:, :t])
     assert not torch.allclose(before[:, t], after[:, t])
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_absent_hints_are_bitwise_no_hints(name):
-    model = trained(FEATURES[name])
+def test_absent_hints_are_bitwise_no_hints(name, amp):
+    model = trained(FEATURES[name], amp=amp)
     idx, targets = batch(torch.Generator().manual_seed(6))
     absent = torch.full((B, T, K), -1)
     kinds_only = torch.randint(0, 126, (B, T, K))  # a kind without a token is absent too
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         plain = model(idx)
         assert torch.equal(plain, model(idx, hint_tokens=absent, hint_kinds=absent))
         assert torch.equal(plain, model(idx, hint_tokens=absent, hint_kinds=kinds_only))
@@ -117,13 +134,13 @@ def test_loss_is_the_cross_entropy_of_the_real_columns():
     assert (model.lm_head.weight.grad[:VOCAB] != 0).any()
 
 
-def test_window_and_documents_limit_what_a_position_sees():
-    model = trained(FEATURES["window_attn"])
+def test_window_and_documents_limit_what_a_position_sees(amp):
+    model = trained(FEATURES["window_attn"], amp=amp)
     idx, _ = batch(torch.Generator().manual_seed(8))
     idx[idx == BOS] = BOS + 1
     changed = idx.clone()
     changed[:, 1] = (idx[:, 1] + 1) % VOCAB  # a token of block 0
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         model.set_window_blocks(1)  # a block sees only itself: nothing crosses a block boundary
         assert torch.equal(model(idx)[:, BLOCK:], model(changed)[:, BLOCK:])
         model.set_window_blocks(2)  # one block back per layer: block 0 reaches the next blocks
@@ -135,14 +152,16 @@ def test_window_and_documents_limit_what_a_position_sees():
         assert not torch.allclose(model(idx)[:, 2:5], model(changed)[:, 2:5])
 
 
-def test_full_window_without_documents_is_dense_causal_attention():
-    windowed = trained(FEATURES["window_attn"])
+def test_full_window_without_documents_is_dense_causal_attention(amp):
+    windowed = trained(FEATURES["window_attn"], amp=amp)
     dense = tiny_model({})
     dense.load_state_dict(windowed.state_dict())
     idx, _ = batch(torch.Generator().manual_seed(9))
     idx[idx == BOS] = BOS + 1
-    with torch.no_grad():
-        torch.testing.assert_close(windowed(idx), dense(idx), rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), amp():
+        bf16 = torch.is_autocast_enabled("cpu")
+        tol = 1e-2 if bf16 else 1e-5  # bf16: the explicit-mask and causal SDPA kernels may round apart (0 here)
+        torch.testing.assert_close(windowed(idx), dense(idx), rtol=tol, atol=tol)
 
 
 def documents_batch(T_, n_docs, generator):
