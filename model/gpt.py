@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask
-from model.device import gpu_paths_enabled, maybe_compile
+from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask, compile_attention
+from model.device import configure_compile, gpu_paths_enabled, maybe_compile
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
@@ -250,6 +250,8 @@ class GPT(nn.Module):
             # max_seq_len until set); a tensor, so a compiled model does not recompile as it grows
             full = math.ceil(cfg.max_seq_len / cfg.attn_block_size)
             self.register_buffer("window_blocks", torch.tensor(full, dtype=torch.int32), persistent=False)
+            if cfg.window_attn:
+                compile_attention()  # the GPU path's FlexAttention and mask builder, once, at set-up
             nn.init.normal_(self.wte.weight, std=1.0)   # read through an RMSNorm, so unit scale
             nn.init.zeros_(self.lm_head.weight)         # modded-nanogpt: zero-init LM head
         else:
@@ -285,6 +287,7 @@ class GPT(nn.Module):
         backward goes on (a whole-model compile hands every gradient over at its very end).
         Parameter names are unchanged. A no-op off the GPU path."""
         if gpu_paths_enabled():
+            configure_compile()  # the blocks share one forward: model/device.py's RECOMPILE_LIMIT
             for block in self.blocks:
                 block.compile(dynamic=False)
             self._head = maybe_compile(self._head)

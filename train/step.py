@@ -13,6 +13,7 @@ import torch
 from hints import n_kinds
 from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context,
                    build_optimizers, gpu_paths_enabled, lr_multiplier, muon_momentum)
+from model.device import torch_compile
 
 SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
 LLMC_STEPS = 18_865           # llm.c GPT-2 124M: 10B tokens at 524,288 per step
@@ -86,7 +87,7 @@ def build_model(args, d, total):
     if compile_model and args.compile_mode == "regions":
         train_model = model.compile_regions()  # in place: the same module, its blocks compiled
     else:
-        train_model = torch.compile(model, dynamic=False) if compile_model else model
+        train_model = torch_compile(model) if compile_model else model
     step = TrainStep(model, train_model, optimizers, total=total, grad_sync=args.grad_sync,
                      muon_warmup=args.muon_momentum_warmup, device=d.device,
                      compiled=args.compile_mode if compile_model else "off")
