@@ -55,8 +55,9 @@ ROPE_BASE = 10000.0
 # The records' half-truncated rotary (from 2024-12-17): head_dim / 4 frequencies spaced
 # geometrically from 1 down to 1/1024, then head_dim / 4 zero frequencies.
 HALF_ROPE_MIN_FREQ = 1 / 1024
-# modded-nanogpt's CastedLinear init: uniform with std 0.5 / sqrt(fan_in).
-SPEEDRUN_INIT_GAIN = 0.5
+# The 2025-01-04 record's CastedLinear keeps nn.Linear's init: uniform in +-1/sqrt(fan_in), i.e.
+# std 1/sqrt(3 fan_in) (later records use std 0.5/sqrt(fan_in)).
+SPEEDRUN_INIT_GAIN = 1 / math.sqrt(3.0)
 # GPT-2 / llm.c init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer).
 GPT2_INIT_STD = 0.02
 # Initial mixes of the records: block (x, x0) = (1, 0), attention (v, value embedding) = (0.5, 0.5).
