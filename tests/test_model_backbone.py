@@ -120,16 +120,18 @@ def test_absent_hints_are_bitwise_no_hints(name, amp):
         assert torch.equal(model(idx, targets), model(idx, targets, absent, absent))
 
 
-def test_loss_is_the_cross_entropy_of_the_real_columns():
+def test_loss_is_the_cross_entropy_of_the_real_columns(amp):
     """The padded-width loss equals, bitwise, the cross-entropy over the vocab_size real columns
     (the loss before the logits kept their padded width), and pad rows of the head get no gradient."""
-    model = trained(FEATURES["baseline"])
+    model = trained(FEATURES["baseline"], amp=amp)
     idx, targets = batch(torch.Generator().manual_seed(7))
     assert model.cfg.padded_vocab_size > VOCAB
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         sliced = F.cross_entropy(model(idx).reshape(-1, VOCAB), targets.reshape(-1))
         assert torch.equal(model(idx, targets), sliced)
-    model(idx, targets).backward()
+    with amp():
+        loss = model(idx, targets)
+    loss.backward()
     assert (model.lm_head.weight.grad[VOCAB:] == 0).all()
     assert (model.lm_head.weight.grad[:VOCAB] != 0).any()
 
@@ -186,19 +188,22 @@ def test_window_mask_is_the_documented_rule():
                 assert bool(mask[b, 0, q, k]) == rule
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [1, 3, 16])
-def test_flex_attention_matches_the_explicit_mask(window):
+def test_flex_attention_matches_the_explicit_mask(window, dtype):
     """FlexAttention with the BlockMask (the GPU path; eager and unfused on the CPU) gives the
-    outputs of SDPA with the explicit boolean mask."""
+    outputs of SDPA with the explicit boolean mask, in float32 and in bf16 (the GPU's dtype)."""
     g = torch.Generator().manual_seed(window)
     T_, H, hd, bs = 128, 2, 16, 8
     idx = documents_batch(T_, 4, g)
-    q, k, v = (torch.randn(2, T_, H, hd, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, T_, H, hd, generator=g).to(dtype) for _ in range(3))
     w = torch.tensor(window, dtype=torch.int32)
     explicit = attend(q, k, v, window_mask(idx, w, bs, BOS))
     block_mask = window_block_mask(idx, w, bs, BOS)
     flex = flex_attention_op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask)
-    torch.testing.assert_close(flex.transpose(1, 2).flatten(2), explicit, rtol=1e-5, atol=1e-5)
+    assert flex.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: 8 bits of mantissa
+    torch.testing.assert_close(flex.transpose(1, 2).flatten(2), explicit, rtol=tol, atol=tol)
     # and the block mask skips blocks: fewer visited than the causal triangle
     n = T_ // bs
     visited = block_mask.kv_num_blocks.sum() + block_mask.full_kv_num_blocks.sum()
