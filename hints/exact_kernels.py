@@ -37,7 +37,10 @@ import triton.language as tl
 #   interpreted: tl.reduce with the combine function the interpreter sums natively with NumPy (it
 #                recognises triton.language's own; any other runs lane by lane in Python, ~10x
 #                slower end to end), or, should a Triton lack it, a combine function of our own.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# what triton.jit decides at decoration time (its knob reads TRITON_INTERPRET; older Tritons: the variable)
+_knobs = getattr(triton, "knobs", None)
+INTERPRETED = bool(_knobs.runtime.interpret) if _knobs is not None else \
+    os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 @triton.jit
