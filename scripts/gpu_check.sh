@@ -51,7 +51,7 @@ if [ "$DRY" = 1 ]; then
     STEPS=3
     HINT_TOKENS=500K
     SMOKE=(--steps 2 --warmup-steps 0 --val-tokens 256 --hint-tokens 200K)
-    SHAPE=(--n-embd 32 --n-head 2 --seq-len 128 --batch-size 1 --val-batch-size 1 --val-tokens 256)
+    SHAPE=(--n-embd 32 --n-head 2 --seq-len 128 --batch-size 1 --val-batch-size 1 --val-tokens 256 --warmup-steps 1)
     LIMITS=(60 60 120 120 120 30)
 fi
 total=0; for l in "${LIMITS[@]}"; do total=$((total + l)); done
