@@ -121,6 +121,13 @@ def cmd_bench(args):
                     shards=shards, record_step=args.record_step)
     res["corpus"] = source
     print_and_save(format_table(res), res, args.json)
+    if args.save_rate:  # the per-core rate the record's plan counts on for this CPU class (hints/rates.py)
+        from .rates import cpu_model, save_rate
+        p = res["projection"]
+        entry = save_rate(cpu_model(), p["rate_per_core"],
+                          f"python -m hints bench on {time.strftime('%Y-%m-%d')} ({source}; median of {args.repeats} "
+                          f"{'from-shards ' if shards else ''}builds on 1 worker, geometry {geom.describe()})")
+        print(f"recorded {p['rate_per_core'] / 1e6:.1f}M tok/s per core for {cpu_model()}: {entry['source']}")
 
 
 def cmd_exact_bench(args):
@@ -198,6 +205,8 @@ def main(argv=None):
     p.add_argument("--geometry", default="auto")
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
+    p.add_argument("--save-rate", action="store_true", help="record the measured per-core build rate for this CPU "
+                   "model in hints/build_rates.json, where the record's plan (train/plan.py) looks it up")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "

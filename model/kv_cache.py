@@ -36,11 +36,11 @@ class KVCache:
 
 
 def _rotate(rotary, x, pos0):
-    """Rotary.forward for positions pos0.. (x: (1, T, H, hd))."""
+    """Rotary.forward for positions pos0.. (x: (1, T, H, hd)): in float32, returned in x's dtype."""
     T = x.size(1)
-    cos, sin = rotary.cos[pos0:pos0 + T].to(x.dtype), rotary.sin[pos0:pos0 + T].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+    cos, sin = rotary.cos[pos0:pos0 + T], rotary.sin[pos0:pos0 + T]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
 
 
 def _mask(model, cache, pos0, T):
@@ -72,11 +72,11 @@ def _speedrun_block(block, x, x0, ve, cache, layer, pos0, mask):
     if block.has_attention:
         h = rms_norm(x)
         heads = (*h.shape[:2], block.n_head, -1)
-        q = _rotate(block.rotary, rms_norm(block.q(h).view(heads)), pos0)
-        k = _rotate(block.rotary, rms_norm(block.k(h).view(heads)), pos0)
-        v = block.v(h)
+        v = block.v(h)  # one dtype into attention, v's (SpeedrunBlock.forward)
+        q = _rotate(block.rotary, rms_norm(block.q(h).view(heads)), pos0).type_as(v)
+        k = _rotate(block.rotary, rms_norm(block.k(h).view(heads)), pos0).type_as(v)
         if block.value_mix is not None:
-            v = block.value_mix[0] * v if ve is None else block.value_mix[0] * v + block.value_mix[1] * ve
+            v = block.value_mix[0] * v if ve is None else block.value_mix[0] * v + block.value_mix[1] * ve.type_as(v)
         x = x + block.attn_proj(_attend_cached(q, k, v.view(heads), cache, layer, pos0, mask))
     return x + block.mlp_proj(F.relu(block.fc(rms_norm(x))).square())
 

@@ -31,7 +31,7 @@ def shards(tmp_path_factory):
     train = np.concatenate([toks, noise, toks])
     write_shard(d / "train_000000.bin", train)
     write_shard(d / "val_000000.bin", toks)
-    write_manifest(d)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(d)  # the set, recorded as its writer would (data/manifest.py)
     np.save(d / "train.npy", train)
     return d, train, toks
 

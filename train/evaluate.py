@@ -1,8 +1,8 @@
 """Validation: loss with hints and without, over all ranks, and which index the hints come from.
 
-`read_val_tokens` reads the scored val stream; `val_split` gives each rank an equal run of whole
-batches of it. `evaluate` runs the model over this rank's share with hints from an index (their
-lookups cached per index state in a `ValHintCache` the run owns) and, when asked, without hints.
+`evaluate` runs the model over this rank's share of the val stream (`val_split`, train/data.py)
+with hints from an index (their lookups cached per index state in a `ValHintCache` the run owns)
+and, when asked, without hints.
 `validate` is one validation of a run: the index train/val_hints.py picks, both losses, a log line.
 """
 import time
@@ -10,24 +10,10 @@ import time
 import numpy as np
 import torch
 
-from data.loader import read_tokens
 from data.units import human_tokens
 from model import autocast_context
+from train.data import val_split
 from train.val_hints import ValSource, pick_index, wait_for_background
-
-
-def read_val_tokens(val_files, n_tokens):
-    """The first n_tokens scored val tokens: n_tokens + 1 (the last is only a target)."""
-    return read_tokens(val_files, n_tokens + 1, strict=False)
-
-
-def val_split(n_val, seq_len, batch_size, rank, world_size):
-    """This rank's share of the val stream: (first sequence, sequences, batch size)."""
-    n_seq = max(n_val - 1, 0) // seq_len
-    per_rank = n_seq // world_size
-    bs = max(1, min(batch_size, per_rank))
-    per_rank = per_rank // bs * bs  # whole batches: one shape, one compiled graph
-    return rank * per_rank, per_rank, bs
 
 
 def val_hint_arrays(index, tokens, start, stop):
