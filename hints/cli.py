@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench|exact-bench|scaling`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|exact-bench|scaling|draft-stats`: the hint index from the command line."""
 import argparse
 import json
 import os
@@ -147,6 +147,11 @@ def cmd_scaling(args):
     run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
 
 
+def cmd_draft_stats(args):
+    from .draft_stats import run_draft_stats
+    run_draft_stats(args)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m hints", description="Build, query and measure n-gram hint indexes.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -225,6 +230,12 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", default="runs/scaling", help="output directory")
     p.set_defaults(fn=cmd_scaling)
+
+    from .draft_stats import add_draft_stats_args
+    p = sub.add_parser("draft-stats", help="replay a text as llama-lookup-stats does: n-gram drafting's acceptance, "
+                       "drafting time per drafted token, the caches' build/load time and memory")
+    add_draft_stats_args(p)
+    p.set_defaults(fn=cmd_draft_stats)
 
     args = ap.parse_args(argv)
     if args.cmd == "lookup" and (args.text is None) == (args.tokens is None):

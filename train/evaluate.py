@@ -16,6 +16,15 @@ from train.data import val_split
 from train.val_hints import ValSource, pick_index, wait_for_background
 
 
+def val_hint_arrays(index, tokens, start, stop):
+    """The model's hint inputs for positions [start, stop) of a token stream, from `index`: a
+    tuple of arrays of stop - start rows, (n, K) int64 hinted tokens and kinds, each position's
+    n-grams read from the whole stream before it. Validation (ValHintCache) and generation
+    (train/inference.py) both call this, so a position gets the same hints in either."""
+    h = index.lookup_span(tokens, start, stop)
+    return tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
+
+
 class ValHintCache:
     """Hints of a span of the val stream, kept while the index does not change.
 
@@ -28,17 +37,16 @@ class ValHintCache:
         self.size, self.entries = size, {}
 
     def get(self, index, val_tokens, start, stop):
-        """(n, K) int32 hinted tokens and int16 kinds for val positions [start, stop)."""
+        """val_hint_arrays() of val positions [start, stop)."""
         key = (id(index), int(index.tokens_added), id(val_tokens), start, stop)
         hit = self.entries.get(key)
         if hit is not None:
-            return hit[1], hit[2]
-        h = index.lookup_span(val_tokens, start, stop)
-        tok, kind = np.ascontiguousarray(h.token.T), np.ascontiguousarray(h.kind.T)
+            return hit[1]
+        arrays = val_hint_arrays(index, val_tokens, start, stop)
         while len(self.entries) >= self.size:
             self.entries.pop(next(iter(self.entries)))
-        self.entries[key] = (index, tok, kind)
-        return tok, kind
+        self.entries[key] = (index, arrays)
+        return arrays
 
 
 @torch.no_grad()
@@ -55,7 +63,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
     lookup_s = 0.0
     if index is not None:
         t0 = time.perf_counter()
-        tok, kind = (cache or ValHintCache()).get(index, val_tokens, start, stop)
+        arrays = (cache or ValHintCache()).get(index, val_tokens, start, stop)
         lookup_s = time.perf_counter() - t0
     was_training = model.training
     model.eval()
@@ -68,11 +76,10 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
         with autocast_context(device):
             if also_without_hints:
                 sums[1] += model(x, y).double()
-            if index is not None:
-                K = tok.shape[1]
-                ht = torch.from_numpy(tok[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
-                hk = torch.from_numpy(kind[lo - start:hi - start].astype(np.int64)).view(bs, seq_len, K).to(device)
-                sums[0] += model(x, y, ht, hk).double()
+            if index is not None:  # val_hint_arrays' arrays, rows lo..hi of the span
+                hints = [torch.from_numpy(a[lo - start:hi - start]).view(bs, seq_len, *a.shape[1:]).to(device)
+                         for a in arrays]
+                sums[0] += model(x, y, *hints).double()
         sums[2] += 1
     dist.all_sum(sums)
     model.train(was_training)
