@@ -117,8 +117,15 @@ def cmd_bench(args):
     train, query, shards, source = bench_tokens(args)
     geom = Geometry.parse(args.geometry, train.size, args.lengths)
     print(f"corpus: {source}")
+    previous = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                previous = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--compare {args.compare}: expected the JSON of an earlier `bench --json` run ({e})")
     res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
-                    shards=shards, record_step=args.record_step)
+                    shards=shards, record_step=args.record_step, previous=previous)
     res["corpus"] = source
     print_and_save(format_table(res), res, args.json)
 
@@ -193,6 +200,8 @@ def main(argv=None):
     p.add_argument("--geometry", default="auto")
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
+    p.add_argument("--compare", default=None, help="an earlier run's --json: check that every figure's share of its "
+                   "host row agrees within 15%% (the reproducibility criterion)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "
