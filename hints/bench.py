@@ -161,7 +161,8 @@ class Figure:
     def summary(self):
         r = self.rates
         return dict(name=self.name, unit=self.unit, workers=self.workers, median=self.median, min=float(r.min()),
-                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used)
+                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used,
+                    median_per_cpu_s=float(np.median([self.work / c for c in self.cpu if c > 0] or [np.nan])))
 
     def text(self, scale=1e6, digits=1):
         r = self.rates / scale
@@ -503,6 +504,19 @@ def host_shares(res):
     return {k: float(v) for k, v in shares.items()}
 
 
+def host_shares_cpu(res):
+    """The same shares from rates per CPU second (work / the process's CPU time, a per-core rate):
+    what the figure's code does while it runs, less moved by time the host gives to others (a
+    shared host took 3/4 of this bench's core at times, "cores used" 0.15-0.3). Figures only."""
+    figs = res["figures"]
+    out = {}
+    for key, f in figs.items():
+        row = host_row(key, res["workers"])
+        if row in figs and np.isfinite(f.get("median_per_cpu_s", np.nan)):
+            out[key] = float(f["median_per_cpu_s"] / figs[row]["median_per_cpu_s"])
+    return out
+
+
 def reproducibility(res, previous=None):
     """The criterion of docs/performance.md: (1) with `previous` (an earlier run's JSON), every
     host-relative share of both runs agrees within REPRO_TOLERANCE (larger / smaller - 1); (2) in
@@ -525,6 +539,13 @@ def reproducibility(res, previous=None):
         out["agreement"] = dev
         out["worst"] = max(dev, key=dev.get)
         out["agreement_met"] = all(v <= REPRO_TOLERANCE for v in dev.values())
+        a, b = res.get("shares_cpu", {}), previous.get("shares_cpu", {})
+        common = sorted(set(a) & set(b))
+        if common:
+            dev = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in common}
+            out["agreement_cpu"] = dev
+            out["worst_cpu"] = max(dev, key=dev.get)
+            out["agreement_cpu_met"] = all(v <= REPRO_TOLERANCE for v in dev.values())
     return out
 
 
@@ -697,6 +718,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
             ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
     res["ratios"] = ratios
     res["shares"] = host_shares(res)
+    res["shares_cpu"] = host_shares_cpu(res)
     res["reproducibility"] = rep = reproducibility(res, previous)
     res["projection"] = projection(res, log)
     log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
@@ -712,6 +734,9 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
         log(f"reproducibility: against the earlier run, the host-relative shares differ by at most "
             f"{100 * rep['agreement'][rep['worst']]:.1f}% ({rep['worst']}; "
             f"{'met' if rep['agreement_met'] else 'NOT met'}: each <= {100 * REPRO_TOLERANCE:.0f}%)")
+    if "agreement_cpu" in rep:
+        log(f"  the same from rates per CPU second: at most {100 * rep['agreement_cpu'][rep['worst_cpu']]:.1f}% "
+            f"({rep['worst_cpu']}; {'met' if rep['agreement_cpu_met'] else 'NOT met'})")
     return res
 
 
@@ -726,7 +751,8 @@ def share_text(res, key):
         row = "random writes" + ("" if "_1w" in key or key.startswith("record") else " (per worker)")
     else:
         row = "vector ceiling"
-    return f"{v:.3g} of {row}"
+    cpu = res.get("shares_cpu", {}).get(key)
+    return f"{v:.3g} of {row}" + (f" ({cpu:.3g} per CPU second)" if cpu is not None else "")
 
 
 def format_table(res):

@@ -87,6 +87,7 @@ def test_scaling_and_bench(shards, tmp_path):
     assert shares["lookup_sealed_1w"] == pytest.approx(
         res["figures"]["lookup_sealed_1w"]["median"] / res["figures"]["random_writes"]["median"])
     assert {"build_1w_stage1", "build_many_2w_stage2"} <= set(shares) and "vector_1w" not in shares
+    assert set(res["shares_cpu"]) <= set(shares) and "build_1w" in res["shares_cpu"]
     assert res["cpu"]["llvm_target"] and "vector ceiling" in r.stdout and res["cpu"]["model"] in r.stdout
     scaling = res["reproducibility"]["scaling_vs_vector"]
     assert scaling["build_2w"] == pytest.approx(res["ratios"]["build_2w_vs_1w"] / res["ratios"]["vector_2w_vs_1w"])
