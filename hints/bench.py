@@ -18,9 +18,16 @@ and of 2 cores at once (the most a memory-bound step can gain from a second work
 compute ceiling, stage 1's hashing in cache on 1 thread and on 2 (the most a compute-bound step
 can gain from a second worker here); the
 host's memory latency (a pointer chase: what lookups wait on, and what moved most between
-runs on the same kind of machine); and
-from the from-shards rate a projection of the record's 37B-token build. Peak build memory is
-measured once in a fresh child process.
+runs on the same kind of machine). Peak build memory is measured once in a fresh child process.
+
+Host rows (docs/performance.md, "2026-12-03"): the CPU is printed with the figures (vendor, model,
+vector flags, LLVM target); the vector ceiling (stage 1's multiplies and shifts in a plain
+vectorised loop, 1 and 2 threads) and the random-write floor are measured in every run, and each
+figure is also given as a share of its host row (compute-bound: the vector ceiling of as many
+threads; memory-bound: the random-write floor or memcpy), from wall time and from CPU time. With
+`previous` (bench --compare) the shares of two runs are checked to agree within 15%; two workers
+are checked against the vector ceiling's own 2/1 ratio. From this CPU's per-core stage rates and
+its copy bandwidth, a projection of the record's build (35B tokens on 48 threads in 6.36 s).
 """
 import dataclasses
 import json
