@@ -24,6 +24,8 @@ Figures (--figures):
   lookup   a sealed lookup of the validation stream, 1 worker
 
 Usage: python scripts/target_ab.py --targets host,rocketlake,sapphirerapids [--against HEAD~1] --rounds 7
+       python scripts/target_ab.py --targets rocketlake,rocketlake:-prefer-256-bit --figures ceiling
+(on an Intel host, `host,host:-prefer-256-bit` measures 512-bit vectors against LLVM's 256-bit default there)
 """
 import argparse
 import json
@@ -106,9 +108,12 @@ def start(code, target, args):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("NUMBA_CPU_NAME", None)
     env.pop("NUMBA_CPU_FEATURES", None)
-    if target != "host":  # the target's own instruction set, as on a machine of that kind
-        env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"] = target, ""
-    env["NUMBA_CACHE_DIR"] = str(cache_dir() / f"numba-{target}")
+    name, _, features = target.partition(":")
+    if name != "host":  # the target's own instruction set, as on a machine of that kind
+        env["NUMBA_CPU_NAME"] = name
+    if name != "host" or features:
+        env["NUMBA_CPU_FEATURES"] = features
+    env["NUMBA_CACHE_DIR"] = str(cache_dir() / f"numba-{target.replace(':', '_')}")
     cmd = [sys.executable, __file__, "--worker", "--code", code, "--tokens", str(args.tokens),
            "--figures", ",".join(args.figures)]
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -129,7 +134,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--targets", default="host,rocketlake", type=lambda s: s.split(","),
-                   help="comma-separated LLVM CPU names; 'host' is this machine's own")
+                   help="comma-separated LLVM CPU names ('host': this machine's own), each optionally with "
+                        "':FEATURES', LLVM feature changes (e.g. rocketlake:-prefer-256-bit for 512-bit vectors)")
     p.add_argument("--against", help="also time the hints/ of this git revision, on every target")
     p.add_argument("--figures", default="ceiling,build,lookup", type=lambda s: s.split(","))
     p.add_argument("--rounds", type=int, default=7)
