@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hints_ab import cache_dir, import_copy, materialize, paired, ratio_text  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hints_ab import cache_dir, import_copy, materialize, paired, ratio_text  # noqa: E402
 
 CEILING_TOKENS = 1 << 15  # as hints.bench's compute ceiling: L2-resident with its buffers
 CEILING_ROUNDS = 100      # ~3M positions a repeat, 10-30 ms
