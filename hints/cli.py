@@ -117,17 +117,24 @@ def cmd_bench(args):
     train, query, shards, source = bench_tokens(args)
     geom = Geometry.parse(args.geometry, train.size, args.lengths)
     print(f"corpus: {source}")
+    previous = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                previous = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--compare {args.compare}: expected the JSON of an earlier `bench --json` run ({e})")
     res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
-                    shards=shards, record_step=args.record_step)
+                    shards=shards, record_step=args.record_step, previous=previous)
     res["corpus"] = source
     print_and_save(format_table(res), res, args.json)
     if args.save_rate:  # the per-core rate the record's plan counts on for this CPU class (hints/rates.py)
         from .rates import cpu_model, save_rate
         p = res["projection"]
-        entry = save_rate(cpu_model(), p["rate_per_core"],
+        entry = save_rate(cpu_model(), p["rate_per_thread"],
                           f"python -m hints bench on {time.strftime('%Y-%m-%d')} ({source}; median of {args.repeats} "
                           f"{'from-shards ' if shards else ''}builds on 1 worker, geometry {geom.describe()})")
-        print(f"recorded {p['rate_per_core'] / 1e6:.1f}M tok/s per core for {cpu_model()}: {entry['source']}")
+        print(f"recorded {p['rate_per_thread'] / 1e6:.1f}M tok/s per core for {cpu_model()}: {entry['source']}")
 
 
 def cmd_exact_bench(args):
@@ -207,6 +214,8 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--save-rate", action="store_true", help="record the measured per-core build rate for this CPU "
                    "model in hints/build_rates.json, where the record's plan (train/plan.py) looks it up")
+    p.add_argument("--compare", default=None, help="an earlier run's --json: check that every figure's share of its "
+                   "host row agrees within 15%% (the reproducibility criterion)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "
