@@ -3,12 +3,14 @@
 set up -> data -> model -> hint indexes -> resume -> warm-up -> the loop -> summary.
 
 Training-time hints come only from tokens already trained on (train/hint_prep.py, in a thread
-ahead of the GPU): in the record's representation (--hint-repr record) from one exact positional
-index per node over the known training stream, built by local rank 0 in phases and mapped by the
-other ranks (train/positional_hints.py); in the "lengths" one from a small index every rank grows
-with each step's global batch after looking up that step's hints. Validation reports loss with and without hints, with hints from the
-large index a separate process builds from training shards while the GPUs train
-(hints/background.py), else --val-index, else the training index (train/evaluate.py).
+ahead of the GPU): with --hint-repr record from one exact positional index per node over the known
+training stream, built by local rank 0 in phases and mapped by the other ranks
+(train/positional_hints.py); with "lengths" (every preset's) every rank grows a small index with
+each step's global batch after looking up that step's hints. Validation reports loss with and
+without hints, with hints from the large index a separate process builds from training shards
+while the GPUs train, from the clock's start (hints/background.py, docs/record.md), else
+--val-index, else the training index (train/evaluate.py). The record preset validates once, at the
+end, waiting for that index.
 docs/design.md explains the whole; --help lists every flag.
 
     python train_gpt.py --preset demo                               # CPU, one process
@@ -43,22 +45,27 @@ from train.meter import Meter
 from train.placement import pin_cuda_rank
 from train.step import LLMC_STEPS, build_model
 from train.positional_hints import PositionalHints, node_directory
-from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_STEPS,
-                        add_plan_args, plan_for_run)
-from train.val_hints import VAL_LOOKUP_WORKERS, count_exact_val_hints, open_val_index, start_background
+from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
+                        RECORD_STEPS,
+                        add_plan_args, plan_for_run, train_index_geometry)
+from train.val_hints import (VAL_LOOKUP_WORKERS, arm_background, count_exact_val_hints, open_val_index, record_verdict,
+                             start_background)
 from train.warmup import warm_up_and_undo
 
-RECORD_MAX_RANK_BATCH = 16  # sequences of 2048 per GPU (fewer GPUs: a smaller global batch)
 # The 2025-01-04 record's Muon momentum warm-up (0.85 -> 0.95 over 300 of its 1390 steps), scaled
 # to the article's 270 steps.
 RECORD_MOMENTUM_WARMUP = round(300 * RECORD_STEPS / 1390)
-RECORD_VAL_EVERY = 30  # validations are off the clock; every 30 of 270 steps finds the target within 11%
+# The record's data: FineWeb100B, one dataset. It trains on its train shards and validates on its val
+# shard; the background index is built from the first of the same train shards (the plan's number;
+# the shards it trains on included, the val shard never), as the article's record does.
+RECORD_TRAIN_FILES = "data/fineweb100B/fineweb_train_*.bin"
+RECORD_VAL_FILES = "data/fineweb100B/fineweb_val_*.bin"
 SPEEDRUN_TARGET_VAL_LOSS = 3.28  # the speedrun's target: FineWeb val loss (first 10,485,760 tokens)
 LLMC_LENGTHS = (5, 6, 10, 20)
-# llmc's training-time index: the 2^10 x 2^14 x 176 geometry (22.5 GiB a rank), 1B tokens at half a
-# token per slot, not the 10B of a full llm.c run: hinted runs reach the target long before (the
-# article: 28 s), and later hints are dropped, not wrong.
-LLMC_TRAIN_INDEX_GEOMETRY = "10,14,176"
+# llmc's training-time index: sized for the run's tokens up to 1B (2^10 x 2^14 x 176, 22 GiB a rank,
+# at half a token per slot), not the 10B of a full llm.c run: hinted runs reach the target long
+# before (the article: 28 s), and later hints are dropped, not wrong. A short run gets a small one.
+LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
 # Every preset's hint representation: "lengths" won the CPU A/B (docs/hints_ab.md) on both corpora,
 # every seed, at 40 and 150 steps, so it stays the default and the record preset's too; "record"
@@ -66,18 +73,21 @@ GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 
 DEFAULT_HINT_REPR = "lengths"
 
 PRESETS = {
-    # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, up
-    # to 270 steps, stopping at the first validation (every 30 steps, on the first 10,485,760 FineWeb
-    # val tokens, off the clock) with hints at or below 3.28.
+    # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, 270
+    # steps, then one validation (the first 10,485,760 FineWeb val tokens, off the clock) with hints
+    # at or below 3.28 as the target. The background index is built on the clock and the final
+    # validation waits for it however long it takes (the wait is training time); a builder that
+    # died fails the attempt (docs/record.md).
     "record": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048, hint_lengths=DEFAULT_LENGTHS,
                    batch_size=None, steps=RECORD_STEPS, val_tokens=SPEEDRUN_VAL_TOKENS,
-                   val_every=RECORD_VAL_EVERY, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS, **RECORD_BACKBONE,
+                   val_every=0, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS, **RECORD_BACKBONE,
                    muon_momentum_warmup=RECORD_MOMENTUM_WARMUP, grad_sync="overlap", compile_mode="regions",
-                   val_batch_size=None, train_files="data/fineweb10B/fineweb_train_*.bin",
-                   val_files="data/fineweb10B/fineweb_val_*.bin",
-                   hint_files="data/fineweb100B/fineweb_train_*.bin",  # the article: 37B FineWeb100B tokens
-                   hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 37B
-                   hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10, hint_repr=DEFAULT_HINT_REPR),
+                   val_batch_size=None, train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
+                   hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 35B
+                   hint_workers=RECORD_HINT_WORKERS, bg_wait=float("inf"), warmup_steps=10, log_every=10,
+                   hint_repr=DEFAULT_HINT_REPR,
+                   bg_seal=False),  # ready as soon as built: sealing is a pass over the table on the clock, and
+                                    # only speeds up the validation's lookups, which are off it
     # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
     # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
     # tokens with and without hints take ~4 minutes.
@@ -97,7 +107,7 @@ PRESETS = {
                  train_files="data/fineweb10B/fineweb_train_*.bin", val_files="data/fineweb10B/fineweb_val_*.bin",
                  hint_files="data/fineweb100B/fineweb_train_*.bin", hint_tokens=None,
                  hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10,
-                 train_index_geometry=LLMC_TRAIN_INDEX_GEOMETRY, grad_sync="overlap", compile_mode="regions",
+                 train_index_max_tokens=LLMC_TRAIN_INDEX_TOKENS, grad_sync="overlap", compile_mode="regions",
                  hint_repr=DEFAULT_HINT_REPR),
 }
 PLANNED_PRESETS = ("record", "llmc")  # their background index is sized to the node by train/plan.py
@@ -168,7 +178,8 @@ def parse_args(argv=None):
     g.add_argument("--hint-workers", type=count(1), help="threads of the training-time index per rank")
     g.add_argument("--hint-tokens", type=parse_token_count, help="tokens of the background validation index, "
                    "e.g. 75M, 1.2B, 37B (0: none; capped at the shards; record: the plan's)")
-    g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index")
+    g.add_argument("--bg-wait", type=float, help="seconds the final validation waits for a late background index, "
+                   "then falls back (inf: until it is ready or fails; the record preset's)")
     g.add_argument("--val-index", help="a saved hint index to validate with when no background index is ready")
     g.add_argument("--switch-hints-at", type=count(0), default=0, help="from this step on, look training-time hints "
                    "up in the background index once it is ready on every rank (faster, timing-fragile; needs "
@@ -217,8 +228,8 @@ def main(argv=None):
     hint_files = repo_glob(args.hint_files or args.train_files)
     plan = None  # the background index sized to this node (or --node-*), before any GPU, data or allocation
     if args.plan or (args.preset in PLANNED_PRESETS and args.val_hints == "background" and args.hint_tokens != 0):
-        plan = plan_for_run(args, hint_files, train_tokens=args.steps * RECORD_GLOBAL_BATCH_TOKENS,
-                            default_tokens=FINEWEB100B_TRAIN_TOKENS if args.preset == "llmc" else None)
+        plan = plan_for_run(args, hint_files, default_tokens=FINEWEB100B_TRAIN_TOKENS if args.preset == "llmc" else None,
+                            device="cuda" if torch.cuda.is_available() else "cpu")
         if args.plan:
             return print(plan.to_json())
         args.hint_tokens = plan.hint_tokens
@@ -255,7 +266,7 @@ def main(argv=None):
 
     # -- hint indexes ------------------------------------------------------------------------------
     record = args.hint_repr == "record"
-    geom = None if args.no_hints or record else Geometry.parse(args.train_index_geometry, total * global_batch, lengths)
+    geom = None if args.no_hints or record else train_index_geometry(args, total * global_batch)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
     positional = None
     if record and not args.no_hints:  # one per node: local rank 0 builds it, every rank maps it
@@ -282,7 +293,8 @@ def main(argv=None):
         bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
                                               if args.hint_geometry else None)
         background = start_background(hint_files, args.hint_tokens, lengths, bg_geom, run_id, d, args.hint_workers,
-                                      builder_cpus, log)
+                                      builder_cpus, log, workers=plan.builder_threads if plan else None,
+                                      seal=getattr(args, "bg_seal", True))
     if args.val_hints != "background":
         exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
                                       batch_size=args.val_batch_size, dist=d, log=log, record=record)
@@ -319,6 +331,8 @@ def main(argv=None):
     next_sync = lambda s: min((t for t in val_steps | ckpt_steps | switch_steps if t > s), default=total)  # noqa: E731
     cache = ValHintCache()
     meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
+    if with_background:  # the builder gets ready before the clock and hashes from its start
+        arm_background(background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
     prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail,
                     positional=positional).start(limit=next_sync(start_step))
     try:
@@ -365,6 +379,12 @@ def main(argv=None):
         prep.close()
 
     # -- summary -------------------------------------------------------------------------------------
+    bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
+    # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
+    # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
+    # --val-hints exact runs are experiments)
+    attempt = args.preset == "record" and not args.no_hints and with_background
+    record_valid, record_reason = d.broadcast(record_verdict(attempt, meter.last_val, bg_status))
     summary = meter.finish(
         log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
         world_size=d.world_size, device=str(d.device), resumed_from_step=start_step if args.resume else None,
@@ -373,7 +393,7 @@ def main(argv=None):
             total * global_batch if positional is not None else 0), hint_repr=args.hint_repr,
         positional_build_s=positional.build_s if positional is not None else None,
         positional_phases=positional.phases if positional is not None else None,
-        background=background.status() if background else None, val_hint_path=args.val_hints,
+        background=bg_status, record_valid=record_valid, record_reason=record_reason, val_hint_path=args.val_hints,
         val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
         hints_switched_at_step=meter.switched_at,
         plan=plan.to_dict() if plan else None,
@@ -386,8 +406,12 @@ def main(argv=None):
     d.barrier()  # every rank is done with the background index before its owner removes it
     if background is not None:
         background.close()
+    if record_valid is False:
+        log(f"record attempt FAILED: {record_reason}")
     log.close()
     d.close()
+    if record_valid is False:
+        raise SystemExit(1)
     return summary
 
 

@@ -4,6 +4,7 @@ Modules: `shards` (the .bin shard format), `tokenizer` (GPT-2 via tiktoken, offl
 `download` + `cached_fineweb10B` / `cached_fineweb100B` (pre-tokenized FineWeb from the
 Hugging Face hub), `fineweb` (tokenize a Hugging Face dataset into shards), `local_corpus`
 (any local text files into train/val shards, for the CPU demo), `manifest` (which shards
-form a folder's complete set, and their largest token ids; readers refuse anything else),
+form a folder's complete set, and their largest token ids; recorded on the first read of a
+folder without one, and readers refuse shards that disagree with it),
 `loader` (distributed, deterministic, resumable batches over shards).
 """

@@ -3,10 +3,10 @@ Hugging Face hub; the logic behind `cached_fineweb10B.py` and `cached_fineweb100
 
 Downloads come from one pinned commit of the dataset repo, and each file is checked against
 what the hub publishes for it at that commit (size and sha256 of its LFS object) before it is
-recorded in the folder's manifest.json (data/manifest.py), which readers require. Files the
+recorded in the folder's manifest.json (data/manifest.py), which readers check. Files the
 manifest already lists, and that still agree with it, are kept without contacting the hub.
 When the hub cannot be reached, `HubUnreachableError` says so and how to proceed: copy the
-shards by hand and record them with `python -m data.manifest DIR`.
+shards by hand (the first read records them, or `python -m data.manifest DIR`).
 """
 
 import argparse

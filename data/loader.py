@@ -44,7 +44,8 @@ SPEEDRUN_VAL_TOKENS = 10_485_760
 
 def resolve_files(files):
     """A sorted list of shard paths from a glob pattern, a path, or a list of them, checked
-    against their folders' manifests (data/manifest.py: a glob needs a complete manifest)."""
+    against their folders' manifests (data/manifest.py: a glob's first read of a folder without
+    one records it)."""
     if isinstance(files, (str, os.PathLike)) or (isinstance(files, (list, tuple)) and files):
         return check_shards(files)
     raise FileNotFoundError(f"no shard files given (got {files!r}); expected a glob pattern or a list of paths")

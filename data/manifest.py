@@ -7,15 +7,23 @@ sha256 and largest token id. It is written last and atomically by whatever wrote
 verifying each file against the hub; or `python -m data.manifest DIR` for shards made
 elsewhere), so a folder with a manifest holds a complete set.
 
+Shards made elsewhere (modded-nanogpt's or llm.c's folders) have none. The first read of such
+a folder through a glob records one (`record_on_first_read`): every .bin file in it (and every
+file the glob matched) is read once (header and size checked, largest token id recorded for
+check_token_ids; no sha256, whose hashing would cost a 10B-token folder minutes of CPU: `python
+-m data.manifest DIR` records hashes too), and the set is written as the folder's
+manifest.json when the folder takes the write, or else held in memory for the life of the
+process; one line says which. From then on the folder reads like any other.
+
 The rule readers apply (`check_shards`, behind data.loader.resolve_files: training,
 validation, the hint builders and the hints CLI):
-- a glob pattern: every folder it matches files in must have a manifest; every matched file
-  must be listed with its size and token count; every listed file the pattern matches must
-  exist. Anything else is a ValueError naming the file and what to do.
+- a glob pattern: a folder it matches files in without a manifest is recorded as above; every
+  matched file must be listed with its size and token count; every listed file the pattern
+  matches must exist. Anything else is a ValueError naming the file and what to do.
 - an explicit file path (no wildcard): if its folder has a manifest, the file must agree
   with it; otherwise the file is read on its own (its header and size are checked, as always).
-A file's sha256 is checked by `python -m data.manifest --verify DIR` (it reads every byte),
-not on every read.
+A file's sha256, where recorded, is checked by `python -m data.manifest --verify DIR` (it reads
+every byte), not on every read.
 
 `check_token_ids(files, vocab_size)` refuses ids >= the vocabulary before training, from the
 manifest's recorded maxima (no shard is read) or, for a file without a manifest, from one
@@ -41,13 +49,20 @@ FORMAT = "llmc-shards"  # the manifest's "format" field; the shards are llm.c .b
 VERSION = 1
 PARTIAL_PREFIX = ".partial-"  # shard_set's temporary folder inside the output folder (no glob of shards matches it)
 READ_BYTES = 1 << 24    # one pass over a shard reads it 16 MiB at a time (hash and max id together)
+PROGRESS_DELAY_S = 2.0  # a folder read faster than this shows no progress bar (a tiny run's log stays clean)
 
 _max_id_cache = {}  # (realpath, size, mtime_ns) -> largest token id, for files without a manifest
+_held = {}  # absolute folder -> the manifest recorded on its first read, where the folder could not be written
+RECORDED_ON_READ = {"recorded": "on the first read of the folder"}  # the "source" of record_on_first_read's manifests
 
 
-def describe_shard(path):
-    """One pass over shard `path`: {"tokens", "bytes", "sha256", "max_id"} (max_id -1 when empty)."""
+def describe_shard(path, digest=True):
+    """One pass over shard `path`: {"tokens", "bytes", "sha256", "max_id"} (max_id -1 when empty).
+    digest=False: sha256 None, and the pass is the id pass alone over a memory map (hashing costs
+    ~30x as much: ~4 s/GiB on one core of the 2-core test machine)."""
     count = read_header(path)
+    if not digest:
+        return {"tokens": count, "bytes": os.path.getsize(path), "sha256": None, "max_id": largest_id(path)}
     h, top = hashlib.sha256(), -1
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
@@ -92,18 +107,29 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
+def describe_files(folder, names, progress=False, digest=True):
+    """{name: describe_shard(...)} for the shards `names` of `folder` (each read once). The progress
+    bar shows only once reading has taken PROGRESS_DELAY_S: a small folder's record is one line."""
+    return {n: describe_shard(os.path.join(folder, n), digest)
+            for n in tqdm(sorted(names), desc=f"manifest {folder}", unit="shard", disable=not progress,
+                          delay=PROGRESS_DELAY_S)}
+
+
+def new_manifest(entries, source=None):
+    return {"format": FORMAT, "version": VERSION, "source": source, "files": dict(sorted(entries.items()))}
+
+
 def write_manifest(folder, entries=None, source=None, progress=False):
     """Write `folder`'s manifest atomically (temp file, fsync, rename). entries: {name:
     describe_shard(...)}; by default every *.bin file in the folder is described (read once).
     source: where the set came from (e.g. the hub repo and revision). Returns the manifest."""
     folder = os.path.abspath(folder)
     if entries is None:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n)))
+        names = [n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))]
         if not names:
             raise FileNotFoundError(f"{folder}: no .bin shards to record in a manifest")
-        entries = {n: describe_shard(os.path.join(folder, n))
-                   for n in tqdm(names, desc="manifest", unit="shard", disable=not progress)}
-    m = {"format": FORMAT, "version": VERSION, "source": source, "files": dict(sorted(entries.items()))}
+        entries = describe_files(folder, names, progress)
+    m = new_manifest(entries, source)
     tmp = manifest_path(folder) + f".tmp{os.getpid()}"
     try:
         with open(tmp, "w") as f:
@@ -115,6 +141,41 @@ def write_manifest(folder, entries=None, source=None, progress=False):
         if os.path.exists(tmp):
             os.remove(tmp)
     _fsync_dir(folder)
+    return m
+
+
+def manifest_of(folder):
+    """`folder`'s manifest: its manifest.json, else the one this process recorded and holds for
+    it (a folder it could not write); None when there is neither."""
+    m = read_manifest(folder)
+    return m if m is not None else _held.get(os.path.abspath(folder))
+
+
+def record_on_first_read(folder, matched=(), log=print, progress=True):
+    """Record the shards of `folder`, which has no manifest: every .bin file in it and the
+    `matched` paths, each read once (header, size, largest id, no sha256; a bad one is a ValueError
+    naming it). The set is written as the folder's manifest.json when the folder takes the write,
+    else held in memory for this process; one line to `log` says which. Returns the manifest."""
+    folder = os.path.abspath(folder)
+    names = {n for n in os.listdir(folder) if n.endswith(".bin") and os.path.isfile(os.path.join(folder, n))}
+    names |= {os.path.basename(f) for f in matched}
+    try:
+        entries = describe_files(folder, names, progress, digest=False)
+    except ValueError as e:
+        raise ValueError(f"{e} (read to record {folder}, which has no {MANIFEST}: every .bin file in it is taken "
+                         f"as a shard of its set; move out what is not)") from None
+    what = (f"{len(entries)} shards ({sum(e['tokens'] for e in entries.values()):,} tokens, each read once: header "
+            f"and size checked, largest id {max(e['max_id'] for e in entries.values())})")
+    try:
+        m = write_manifest(folder, entries, source=RECORDED_ON_READ)
+    except OSError as e:  # a read-only folder (or a full disk): the run goes on with the set held here
+        m = _held[folder] = new_manifest(entries, RECORDED_ON_READ)
+        if log:
+            log(f"shards: {folder} has no {MANIFEST} and could not take one ({e.strerror}); its {what} are held "
+                f"in memory for this run")
+        return m
+    if log:
+        log(f"shards: {folder} had no {MANIFEST}; recorded its {what} in {manifest_path(folder)}")
     return m
 
 
@@ -137,34 +198,35 @@ def _how_to_record(folder):
     return f"if its shards are complete and current, record them: python -m data.manifest {folder}"
 
 
-def check_shards(patterns):
+def check_shards(patterns, log=print, progress=True):
     """The sorted shard paths named by `patterns` (a glob, a path, or a list of them), each
-    checked against its folder's manifest by the rule in this module's docstring."""
+    checked against its folder's manifest by the rule in this module's docstring. log and
+    progress: the one-line notice and the progress bar of a folder recorded on first read (log None:
+    no line; progress False: no bar)."""
     patterns = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
     files = list_shards(patterns)
     manifests = {}
 
-    def manifest_of(folder):
+    def folder_manifest(folder):
         if folder not in manifests:
-            manifests[folder] = read_manifest(folder)
+            manifests[folder] = manifest_of(folder)
         return manifests[folder]
 
     for p in patterns:
         p = os.path.expanduser(os.fspath(p))
         if not _has_wildcard(p):  # an explicit file: checked only if its folder has a manifest
             folder = os.path.dirname(os.path.abspath(p))
-            m = manifest_of(folder)
+            m = folder_manifest(folder)
             if m is not None:
                 _check_listed(os.path.abspath(p), folder, m)
             continue
         matched = [os.path.abspath(f) for f in list_shards(p)]
         for folder in sorted({os.path.dirname(f) for f in matched}):
-            m = manifest_of(folder)
+            here = [f for f in matched if os.path.dirname(f) == folder]
+            m = folder_manifest(folder)
             if m is None:
-                raise ValueError(f"shard folder {folder} has no {MANIFEST}, so nothing says which of its files "
-                                 f"form a complete set (a partial download or an older run's leftovers would "
-                                 f"be read silently); {_how_to_record(folder)}")
-            for f in (f for f in matched if os.path.dirname(f) == folder):
+                m = manifests[folder] = record_on_first_read(folder, here, log, progress)
+            for f in here:
                 _check_listed(f, folder, m)
             if not _has_wildcard(os.path.dirname(p)):
                 name_pattern = os.path.basename(p)
@@ -196,10 +258,15 @@ def _max_id(path, m):
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
     if key not in _max_id_cache:
-        tokens = _tokens(path)
-        step = READ_BYTES // TOKEN_DTYPE.itemsize
-        _max_id_cache[key] = max((int(tokens[i:i + step].max()) for i in range(0, len(tokens), step)), default=-1)
+        _max_id_cache[key] = largest_id(path)
     return _max_id_cache[key]
+
+
+def largest_id(path):
+    """The largest token id of shard `path` (-1 when empty): one vectorised pass over its memory map."""
+    tokens = _tokens(path)
+    step = READ_BYTES // TOKEN_DTYPE.itemsize
+    return max((int(tokens[i:i + step].max()) for i in range(0, len(tokens), step)), default=-1)
 
 
 def _tokens(path):
@@ -220,15 +287,16 @@ def first_id_at_least(path, vocab_size):
     return None
 
 
-def check_token_ids(files, vocab_size):
+def check_token_ids(files, vocab_size, log=print, progress=True):
     """Refuse shards holding a token id >= vocab_size, before any training step: ValueError
     naming the file, the position and the value. files: a glob, a path or a list (checked
-    against manifests as data.loader reads them). Returns the largest id found."""
+    against manifests as data.loader reads them; log, progress: as check_shards). Returns the
+    largest id found."""
     top, manifests = -1, {}
-    for path in check_shards(files):
+    for path in check_shards(files, log, progress):
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in manifests:
-            manifests[folder] = read_manifest(folder)
+            manifests[folder] = manifest_of(folder)
         m = _max_id(path, manifests[folder])
         if m >= vocab_size:
             pos, value = first_id_at_least(path, vocab_size)
@@ -293,6 +361,8 @@ def verify_folder(folder, progress=True):
             raise ValueError(f"shard folder {folder}: {MANIFEST} lists {name}, which is missing")
         got = describe_shard(path)
         for key in ("bytes", "tokens", "sha256", "max_id"):
+            if key == "sha256" and entry.get(key) is None:
+                continue  # recorded on first read: no hash to compare (main says so)
             if got[key] != entry.get(key):
                 raise ValueError(f"shard {path}: {key} is {got[key]}, {manifest_path(folder)} says {entry.get(key)}")
     return m
@@ -300,15 +370,18 @@ def verify_folder(folder, progress=True):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Record the .bin shards of a folder as one complete set in its manifest.json (readers refuse "
-        "a folder of shards without one), or verify a folder against its manifest.")
+        description="Record the .bin shards of a folder as one complete set in its manifest.json (the first read "
+        "of a folder without one records it too), or verify a folder against its manifest.")
     parser.add_argument("folder", help="folder of .bin shards")
     parser.add_argument("--verify", action="store_true", help="check every listed shard's sha256, size and ids instead")
     args = parser.parse_args(argv)
     try:
         if args.verify:
             m = verify_folder(args.folder)
-            print(f"{args.folder}: {len(m['files'])} shards agree with {MANIFEST}")
+            unhashed = sum(e.get("sha256") is None for e in m["files"].values())
+            print(f"{args.folder}: {len(m['files'])} shards agree with {MANIFEST}" + (
+                f"; {unhashed} of them with no sha256 recorded (recorded on first read), so their sizes, token "
+                f"counts and largest ids only: python -m data.manifest {args.folder} records hashes" if unhashed else ""))
         else:
             m = write_manifest(args.folder, progress=True)
             tokens = sum(e["tokens"] for e in m["files"].values())

@@ -1,12 +1,18 @@
 """Background hint building: a separate OS process fills a shared-memory index from training shards.
 
-The training run starts it (local rank 0, once per node) and goes on training; the builder
-runs on cores the training ranks leave free, adds up to `max_tokens` training tokens to an
-index in shared memory, and reports progress in a small shared status record. Every rank
-can `attach` by name and, once the status says ready, map the index read-only.
+The training run starts it (local rank 0, once per node) before its clock; the builder runs
+on cores the training ranks leave free. Before the clock it only gets ready: it reserves its
+table in shared memory and pre-faults it on all its threads, with huge pages where the kernel
+allows (hints/memory.py), reads the shards into the page cache, and reports "armed". It hashes
+its first token when the trainer's `go()` (at the clock's start) says so, adds up to
+`max_tokens` training tokens, seals and reports "ready", with every time counted from the
+clock's start (build_started_s, ready_s) and the tokens it had indexed when the clock started
+(tokens_done_at_clock_start: 0 by construction, and measured). Every rank can `attach` by
+name and, once the status says ready, map the index read-only.
 
 Failure is part of the contract: if the builder dies (killed, out of memory, bad shard),
-`status()` says "failed" with the reason, and training goes on with its fallback index.
+`status()` says "failed" with the reason; the trainer decides what that means (the record
+preset fails the attempt, experiments fall back to another index).
 
 Nothing outlives the run, however it ends. The index and the status live in anonymous
 shared memory (two memfds, never a name in /dev/shm), kept alive only by the processes that
@@ -35,11 +41,12 @@ import time
 import traceback
 import zlib
 
-from data.loader import CHUNK_TOKENS
+from data.loader import CHUNK_TOKENS, resolve_files
+from data.shards import HEADER_BYTES
 from data.units import human_tokens, parse_token_count
 
 from .geometry import DEFAULT_LENGTHS, Geometry
-from .index import HintIndex
+from .index import HintIndex, compile_kernels
 from .tokens import count_tokens, iter_chunks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +60,8 @@ SERVE_POLL_S = 0.2           # the owner's socket thread checks this often wheth
 ATTACH_TIMEOUT_S = 30.0      # an attaching rank waits this long for the owner's answer
 MAX_NAME_BYTES = 100         # an abstract socket address holds 107 bytes; "hints-" + name must fit
 SO_PEERCRED_FMT = "3i"       # struct ucred: pid, uid, gid
+PAGE_CACHE_READ_BYTES = 16 << 20  # the builder reads its shards into the page cache in blocks of this size
+BUILDING = ("starting", "armed", "running")  # states in which the index may still come
 
 
 def socket_address(name):
@@ -107,8 +116,26 @@ def _peer_uid(sock):
                                                           struct.calcsize(SO_PEERCRED_FMT)))[1]
 
 
-def _build_main(spec):
-    """The builder process (`python -m hints.background`, its spec as JSON on stdin)."""
+def warm_page_cache(pattern, max_tokens, block=PAGE_CACHE_READ_BYTES):
+    """Read the shards holding the first max_tokens tokens once, so that the build reads them from
+    the page cache (before the clock: reading is not building). Returns (bytes read, seconds)."""
+    t0, done, left = time.monotonic(), 0, int(max_tokens) * 2 + HEADER_BYTES  # uint16 tokens after a header
+    if not isinstance(pattern, str) or not pattern.endswith(".npy"):
+        buf = bytearray(block)
+        for path in resolve_files(pattern):
+            with open(path, "rb", buffering=0) as f:
+                while left > 0 and (n := f.readinto(buf)):
+                    done, left = done + n, left - n
+            left -= HEADER_BYTES  # the next shard has its own header
+            if left <= 0:
+                break
+    return done, time.monotonic() - t0
+
+
+def _build_main(spec, commands):
+    """The builder process (`python -m hints.background`): spec from the first line of stdin, then
+    it reserves and pre-faults the table, reads the shards into the page cache, loads its kernels
+    and reports "armed"; it hashes its first token only when the trainer's next line says the clock started."""
     def leave(signum, frame):
         os._exit(128 + signum)  # nothing to clean: the memory goes with the last process holding it
 
@@ -120,16 +147,27 @@ def _build_main(spec):
     index_fd, status_fd, max_tokens = spec["index_fd"], spec["status_fd"], spec["max_tokens"]
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
-    status = dict(state="running", pid=os.getpid(), tokens_done=0, tokens_total=max_tokens, tokens_per_s=0.0,
+    status = dict(state="starting", pid=os.getpid(), tokens_done=0, tokens_total=max_tokens, tokens_per_s=0.0,
                   eta_s=None, error=None, geometry=spec["geometry"], workers=spec["workers"], started=time.time())
     try:
+        write_status(status_fd, status)
         geom = Geometry(**spec["geometry"])
         idx = HintIndex(geom, workers=spec["workers"], path=index_fd).reserve(min(max_tokens, CHUNK_TOKENS))
-        t0 = last = time.time()
+        cached, cache_s = warm_page_cache(spec["train_files"], max_tokens)
+        kernels_s = compile_kernels(geom.lengths)  # loaded from Numba's cache (the trainer compiled them)
+        status.update(state="armed", prefault=idx.prefault, page_cache_bytes=cached, page_cache_s=cache_s,
+                      kernels_s=kernels_s)
+        write_status(status_fd, status)
+        line = commands.readline()  # blocks until the clock starts (EOF: the trainer let go without one)
+        if not line:
+            raise RuntimeError("the trainer closed the builder's input before its clock started")
+        clock = json.loads(line)["clock_start"]  # CLOCK_MONOTONIC, one clock for every process of the node
+        t0 = last = time.monotonic()
+        status.update(state="running", clock_start=clock, build_started_s=t0 - clock)
         write_status(status_fd, status)
         for chunk in iter_chunks(spec["train_files"], max_tokens, CHUNK_TOKENS):
             idx.add(chunk)
-            now = time.time()
+            now = time.monotonic()
             if now - last >= STATUS_EVERY_S:
                 tps = idx.tokens_added / (now - t0)
                 status.update(tokens_done=idx.tokens_added, tokens_per_s=tps,
@@ -137,17 +175,18 @@ def _build_main(spec):
                 write_status(status_fd, status)
                 last = now
         if spec["seal"]:  # sorted buckets + side table: every rank's lookups search instead of scanning
-            t_seal = time.time()
+            t_seal = time.monotonic()
             idx.seal()
-            status.update(seal_seconds=time.time() - t_seal)
+            status.update(seal_seconds=time.monotonic() - t_seal)
         idx.save()
-        dt = time.time() - t0
+        now = time.monotonic()
+        dt = now - t0
         status.update(state="ready", tokens_done=idx.tokens_added, tokens_total=idx.tokens_added,
-                      tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt,
+                      tokens_per_s=idx.tokens_added / max(dt, 1e-9), eta_s=0.0, seconds=dt, ready_s=now - clock,
                       hints_stored=idx.hints_stored, dropped=idx.dropped)
         del idx  # the sealed arrays now live in the memfd; this process keeps no copy
         write_status(status_fd, status)
-    except BaseException as e:  # report every failure; the trainer goes on without this index
+    except BaseException as e:  # report every failure; the trainer decides what a missing index means
         os.ftruncate(index_fd, 0)  # a half-built index is of no use: give its memory back now
         status.update(state="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         write_status(status_fd, status)
@@ -186,6 +225,8 @@ class BackgroundBuilder:
         self._fds = None      # (index memfd, status memfd) while this handle holds them
         self._server = None   # the owner's listening socket
         self._stop = None
+        self._went = False          # go() sent
+        self.tokens_at_clock = None  # tokens the builder had indexed when the clock started (0 in a legal run)
 
     def start(self):
         self.geometry.check_fits_memory(what="background hint index (shared memory)")
@@ -210,13 +251,36 @@ class BackgroundBuilder:
         # a fresh interpreter, not a fork: the trainer holds CUDA state and threads
         self.process = subprocess.Popen([sys.executable, "-m", "hints.background"], stdin=subprocess.PIPE,
                                         pass_fds=self._fds, env=env)
-        try:
-            self.process.stdin.write(json.dumps(spec).encode())
-            self.process.stdin.close()
+        try:  # the spec is the first line; stdin stays open for go()
+            self.process.stdin.write(json.dumps(spec).encode() + b"\n")
+            self.process.stdin.flush()
         except BrokenPipeError:
             pass  # it died at once; status() reports the exit code
-        self.log(f"background hints: building {self.max_tokens:,} tokens in shared memory ({self.name}, "
-                 f"{self.geometry.describe()}) with {self.workers} worker(s) on cpus {self.cpus}")
+        self.log(f"background hints: armed to build {self.max_tokens:,} tokens in shared memory ({self.name}, "
+                 f"{self.geometry.describe()}) with {self.workers} worker(s) on cpus {self.cpus}, from the clock's start")
+        return self
+
+    def wait_armed(self, timeout_s=None, poll_s=0.05):
+        """Wait (before the clock) until the builder has reserved and pre-faulted its table and read its
+        shards into the page cache, or failed; the state it ended in."""
+        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+        while (state := self.status()["state"]) == "starting" and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return state
+
+    def go(self, clock_start=None):
+        """The clock started (time.monotonic() at its start, default now): the builder may hash. Owner
+        only, once; what the builder had indexed at that moment is kept as tokens_done_at_clock_start."""
+        if self.process is None or self._went:
+            return self
+        self._went = True
+        clock_start = time.monotonic() if clock_start is None else clock_start
+        self.tokens_at_clock = int(self.status().get("tokens_done") or 0)
+        try:
+            self.process.stdin.write(json.dumps(dict(clock_start=clock_start)).encode() + b"\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # it died; status() says so
         return self
 
     def _serve(self):
@@ -242,6 +306,7 @@ class BackgroundBuilder:
         Raises RuntimeError when no process of this user serves `name` on this node."""
         self = cls.__new__(cls)
         self.name, self.log, self.process, self._server, self._stop = name, log, None, None, None
+        self._went, self.tokens_at_clock = False, None
         self.address = socket_address(name)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(timeout)
@@ -270,7 +335,9 @@ class BackgroundBuilder:
                         tokens_done=0, tokens_total=None, tokens_per_s=0.0, eta_s=None)
         st = read_status(self._fds[1]) or dict(state="starting", tokens_done=0, tokens_total=None,
                                                 tokens_per_s=0.0, eta_s=None, error=None)
-        if st["state"] in ("running", "starting"):
+        if self.tokens_at_clock is not None:
+            st["tokens_done_at_clock_start"] = self.tokens_at_clock
+        if st["state"] in BUILDING:
             pid = self.process.pid if self.process is not None else st.get("pid")
             dead = (self.process is not None and self.process.poll() is not None) or (
                 self.process is None and pid is not None and not _alive(pid))
@@ -285,7 +352,7 @@ class BackgroundBuilder:
     def wait(self, timeout_s, poll_s=0.5):
         """Wait up to timeout_s while the build is starting or running; the state it ended in."""
         deadline = time.monotonic() + timeout_s
-        while (state := self.status()["state"]) in ("starting", "running") and time.monotonic() < deadline:
+        while (state := self.status()["state"]) in BUILDING and time.monotonic() < deadline:
             time.sleep(poll_s)
         return state
 
@@ -301,11 +368,14 @@ class BackgroundBuilder:
         st = self.status()
         state = st["state"]
         if state == "ready":
-            return f"ready ({human_tokens(st['tokens_done'])} tokens in {st.get('seconds', 0):.1f}s)"
+            return (f"ready ({human_tokens(st['tokens_done'])} tokens in {st.get('seconds', 0):.1f}s, "
+                    f"{st.get('ready_s', 0):.2f}s after the clock started)")
         if state == "failed":
             return f"failed ({st['error']})"
         if state == "starting":
             return "starting"
+        if state == "armed":
+            return "armed (table reserved and pre-faulted, waiting for the clock)"
         eta = f", eta {st['eta_s']:.0f}s" if st.get("eta_s") is not None else ""
         return (f"{human_tokens(st['tokens_done'])}/{human_tokens(st['tokens_total'] or 0)} tokens, "
                 f"{human_tokens(st['tokens_per_s'])} tok/s{eta}")
@@ -313,6 +383,11 @@ class BackgroundBuilder:
     def close(self):
         """Let go of the index (idempotent). The owner also stops the builder if it still runs
         and stops serving the name; the memory is freed once no process holds or maps it."""
+        if self.process is not None and self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.send_signal(signal.SIGCONT)  # a paused (SIGSTOP) builder must see the SIGTERM
@@ -338,16 +413,18 @@ class BackgroundBuilder:
 
 
 def start_for_node(train_files, max_tokens, lengths, name, owner, barrier, log, reserve_cpus=0, geometry=None,
-                   cpus=None):
+                   cpus=None, workers=None, seal=True):
     """The node's background index for a training run: the owner (local rank 0) starts the
     builder, then, after `barrier()`, every other local rank attaches by name. Never raises: a
-    builder that cannot start is logged and None comes back, and validation falls back. cpus:
-    the builder's cores (default: all but the first reserve_cpus, which the ranks keep)."""
+    builder that cannot start is logged and None comes back. cpus: the builder's cores (default:
+    all but the first reserve_cpus, which the ranks keep); workers: its threads (default: one per cpu);
+    seal: seal the index before reporting ready (faster lookups, an O(table) pass before ready)."""
     handle, error = None, None
     if owner:
         try:
             handle = BackgroundBuilder(train_files, max_tokens, geometry=geometry, lengths=lengths, name=name,
-                                       log=log, cpus=cpus, reserve_cpus=reserve_cpus).start()
+                                       log=log, cpus=cpus, reserve_cpus=reserve_cpus, workers=workers,
+                                       seal=seal).start()
         except Exception as e:  # noqa: BLE001 - reported; the run goes on without it
             error = f"{type(e).__name__}: {e}"
     barrier()
@@ -357,9 +434,9 @@ def start_for_node(train_files, max_tokens, lengths, name, owner, barrier, log, 
         except RuntimeError as e:  # the owner could not start it: the same fallback
             error = str(e)
     if error:
-        log(f"background index: not building ({error}); validation falls back to the other indexes")
+        log(f"background index: not building ({error})")
     return handle
 
 
 if __name__ == "__main__":
-    _build_main(json.load(sys.stdin))
+    _build_main(json.loads(sys.stdin.readline()), sys.stdin)

@@ -18,13 +18,21 @@ and of 2 cores at once (the most a memory-bound step can gain from a second work
 compute ceiling, stage 1's hashing in cache on 1 thread and on 2 (the most a compute-bound step
 can gain from a second worker here); the
 host's memory latency (a pointer chase: what lookups wait on, and what moved most between
-runs on the same kind of machine); and
-from the from-shards rate a projection of the record's 37B-token build. Peak build memory is
-measured once in a fresh child process.
+runs on the same kind of machine). Peak build memory is measured once in a fresh child process.
+
+Host rows (docs/performance.md, "2026-12-03"): the CPU is printed with the figures (vendor, model,
+vector flags, LLVM target); the vector ceiling (stage 1's multiplies and shifts in a plain
+vectorised loop, 1 and 2 threads) and the random-write floor are measured in every run, and each
+figure is also given as a share of its host row (compute-bound: the vector ceiling of as many
+threads; memory-bound: the random-write floor or memcpy), from wall time and from CPU time. With
+`previous` (bench --compare) the shares of two runs are checked to agree within 15%; two workers
+are checked against the vector ceiling's own 2/1 ratio. From this CPU's per-core stage rates and
+its copy bandwidth, a projection of the record's build (35B tokens on 48 threads in 6.36 s).
 """
 import dataclasses
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -35,7 +43,7 @@ import numpy as np
 
 from .geometry import Geometry
 from .index import HintIndex, alloc
-from .kernels import HASH_BLOCK, hash_block, unmanaged
+from .kernels import FMIX_C1, HASH_BLOCK, HASH_MULT, SEED_MULT, fmix64, hash_block, unmanaged
 from .parallel import line_aligned, run_split
 from .reference import ReferenceIndex
 from .tokens import iter_chunks
@@ -50,6 +58,10 @@ LATENCY_READS = 1 << 20
 # buffers) CEILING_ROUNDS times: ~0.1 s of stage 1's hashing on one core, with no memory traffic.
 CEILING_TOKENS = 1 << 15
 CEILING_ROUNDS = 2000
+# The vector ceiling: each thread runs VECTOR_WORDS positions (in and out 32 KiB each: L1/L2-resident)
+# VECTOR_ROUNDS times through a plain loop with stage 1's multiplies and shifts per position (vector_rounds).
+VECTOR_WORDS = 1 << 12
+VECTOR_ROUNDS = 2000
 MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
 MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
 # The record's training-time hint work per step and rank (docs/design.md, "Performance"): look up
@@ -63,9 +75,11 @@ RECORD_PREFILL = 12_000_000
 # a test keeps the two equal): the record step is also timed so, beside the 1-core figure,
 # as wall time and as the CPU time it takes from the node.
 RECORD_THREADS = 2
-# The record's builder node (docs/design.md): 37B tokens on 2 x 56 cores, ~600 GB/s of memory bandwidth.
-NODE_TOKENS = 37e9
-NODE_CORES = 112
+# The record's builder (docs/performance.md, "2026-12-03"): 35B tokens indexed in 6.36 s on 48 threads of its
+# node's Xeon Platinum 8468 (Sapphire Rapids), whose memory moves ~600 GB/s (docs/design.md).
+RECORD_BUILD_TOKENS = 35e9
+RECORD_BUILD_SECONDS = 6.36
+RECORD_BUILD_THREADS = 48
 NODE_BANDWIDTH = 600e9
 # Bytes one token moves through DRAM in a build at the record's geometry, where a worker's
 # partition (2^14 buckets x 176 slots x 8 B = 22.5 MiB) is far larger than its share of cache:
@@ -77,6 +91,12 @@ NODE_BANDWIDTH = 600e9
 #            the stream, too far to merge in a write-combining buffer)                     =  72
 # (burst lines keep stage 1's scatter in L2; stage 2 writes one slot into a random line).
 BYTES_PER_TOKEN = 6 + 8 + 72
+# Reproducibility (docs/performance.md): two consecutive runs agree within REPRO_TOLERANCE on every figure as a
+# share of its host row, and two workers reach REPRO_SCALING of the vector ceiling's own 2-thread/1-thread ratio.
+REPRO_TOLERANCE = 0.15
+REPRO_SCALING = 0.9
+# CPU flags the bench prints: the vector extensions the kernels' code generation depends on.
+CPU_FLAGS = ("avx2", "bmi2", "avx512f", "avx512dq", "avx512vl", "avx512ifma", "avx512_vbmi2", "avx512_fp16", "amx_tile")
 
 
 def _peak_rss():
@@ -148,7 +168,8 @@ class Figure:
     def summary(self):
         r = self.rates
         return dict(name=self.name, unit=self.unit, workers=self.workers, median=self.median, min=float(r.min()),
-                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used)
+                    max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used,
+                    median_per_cpu_s=float(np.median([self.work / c for c in self.cpu if c > 0] or [np.nan])))
 
     def text(self, scale=1e6, digits=1):
         r = self.rates / scale
@@ -278,7 +299,7 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20), threads=RECORD_
     ms = 1e3 / f1["step"].rates
     s1, s2 = 1e3 * np.median(np.array(stages), axis=0)
     log(f"  record step ({geom.describe()}, {prefill:,} tokens in, 1 thread): "
-        f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] = lookup {1e3 * np.median(f1['lookup'].wall):.2f} ms "
+        f"{np.median(ms):.2f} ms [{ms.min():.2f}-{ms.max():.2f}] ({1e3 * np.median(f1['step'].cpu):.2f} ms of CPU) = lookup {1e3 * np.median(f1['lookup'].wall):.2f} ms "
         f"+ add {1e3 * np.median(f1['add'].wall):.2f} ms (stage 1 {s1:.2f} + stage 2 {s2:.2f}; {RECORD_ADD:,} random writes "
         f"take {1e3 * np.median(floor.wall):.2f} ms) (medians); {np.median(dropped):.0%} of the added slots were "
         f"dropped (both buckets full)")
@@ -371,6 +392,172 @@ def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOK
     return figs
 
 
+def cpu_info():
+    """The CPU the figures were measured on: vendor, model, logical CPUs, the vector flags of
+    CPU_FLAGS it has, and the LLVM target Numba compiled for (NUMBA_CPU_NAME, or the host's name)."""
+    import llvmlite.binding as ll
+    from numba.core import config
+    info = dict(vendor=platform.machine(), model=platform.processor() or platform.machine(), family="", cpu_model="",
+                flags=[])
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, val = (x.strip() for x in line.partition(":"))
+                if key == "vendor_id":
+                    info["vendor"] = val
+                elif key == "model name":
+                    info["model"] = val
+                elif key == "cpu family":
+                    info["family"] = val
+                elif key == "model":
+                    info["cpu_model"] = val
+                elif key == "flags":
+                    have = set(val.split())
+                    info["flags"] = [fl for fl in CPU_FLAGS if fl in have]
+    except OSError:
+        pass
+    info.update(logical_cpus=os.cpu_count(), llvm_host=ll.get_host_cpu_name(),
+                llvm_target=config.CPU_NAME or ll.get_host_cpu_name(), llvm_features_override=config.CPU_FEATURES)
+    return info
+
+
+def cpu_text(cpu):
+    return (f"{cpu['vendor']} {cpu['model']} (family {cpu['family']}, model {cpu['cpu_model']}), "
+            f"{cpu['logical_cpus']} logical CPUs; flags {' '.join(cpu['flags']) or '-'}; LLVM target {cpu['llvm_target']}"
+            + (f" (host {cpu['llvm_host']})" if cpu["llvm_target"] != cpu["llvm_host"] else ""))
+
+
+@numba.njit(cache=True, nogil=True)
+def vector_rounds(src, dst, rounds):
+    """The vector ceiling's loop: per position, stage 1's multiplies and shifts (kernels.hash_block)
+    with none of its data flow: the prefix's multiply-add, then for each of 3 lengths a multiply
+    by a power of M and fmix64 (2 multiplies, 3 shift-xors), and the shifts and masks that place
+    the checksums: 10 multiplies (stage 1 does 10.75: its prefix sums correct 3 of 4 positions
+    with one more). One contiguous load and store a position: the compiler vectorises it to the
+    target's widest lanes. Returns a word of the output, so nothing is optimised away."""
+    acc = U64(0)
+    p1, p2 = FMIX_C1 * HASH_MULT, HASH_MULT * HASH_MULT  # two odd constants standing for M^L
+    for r in range(rounds):
+        for i in range(src.shape[0]):
+            x = src[i] * HASH_MULT + U64(r + 1)
+            h0 = fmix64(x * HASH_MULT + SEED_MULT)
+            h1 = fmix64(x * p1 + U64(2) * SEED_MULT)
+            h2 = fmix64(x * p2 + U64(3) * SEED_MULT)
+            dst[i] = ((h0 >> U64(40)) << U64(24)) | ((h1 & U64(0xFFF)) << U64(12)) | (h2 & U64(0xFFF))
+        acc ^= dst[r % dst.shape[0]]
+    return acc
+
+
+def vector_ceiling(log, workers=2, repeats=REPEATS, n=VECTOR_WORDS, rounds=VECTOR_ROUNDS):
+    """Positions per second through vector_rounds on 1 thread and on `workers` threads at once, each
+    on its own cache-resident buffers, alternated (after one untimed round): what this host's cores
+    give the arithmetic of stage 1 when nothing else is in the way. Compute-bound figures are
+    reported as a share of it, and its own `workers`/1 ratio is what this host can give a second
+    worker (the reproducibility criterion's yardstick)."""
+    rng = np.random.default_rng(0)
+    bufs = []
+    for _ in range(workers):
+        src = line_aligned((n,), np.uint64)
+        src[:] = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+        bufs.append((src, line_aligned((n,), np.uint64)))
+    figs = {w: Figure(f"vector ceiling: stage 1's multiplies and shifts, plain loop in cache, {w} thread(s)", "pos/s",
+                      n * rounds * w, w) for w in sorted({1, workers})}
+    alternate(figs, lambda w: timed(lambda: run_split(lambda r, a, b: vector_rounds(*bufs[r], rounds), w, w))[:2]
+              + (None,), repeats)
+    for w, fig in figs.items():
+        log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s): {fig.text(digits=0)}")
+    return figs
+
+
+# Each figure's host row (measured in the same run): compute-bound figures against the vector ceiling
+# of as many threads, memory-bound ones against memcpy or against the random-write floor (1 core; a
+# figure of w workers is taken per worker there). None: the figure is a host row itself.
+def host_row(key, workers):
+    if key in ("latency", "random_writes") or key.startswith("vector_") or key == "memcpy_1w":
+        return None
+    if key.startswith("memcpy_"):
+        return "memcpy_1w"
+    if key.startswith("lookup_"):
+        return "random_writes"
+    w = workers if key == "seal" else (int(key.rsplit("_", 1)[1][:-1]) if key.endswith("w") else 1)
+    return f"vector_{w}w"
+
+
+def host_shares(res):
+    """{figure: share of its host row} from one run's medians (rates per second), and per stage:
+    each build's stage 1 against the vector ceiling, stage 2 against the random-write floor; the
+    record step's lookup and stage 2 against its own floor (random writes into its table), its
+    stage 1 against the vector ceiling."""
+    figs, workers = res["figures"], res["workers"]
+    shares = {}
+    for key, f in figs.items():
+        row = host_row(key, workers)
+        if row is None or row not in figs:
+            continue
+        per = f["workers"] if (row in ("random_writes", "memcpy_1w")) else 1
+        shares[key] = f["median"] / per / figs[row]["median"]
+    n = res["train_tokens"]
+    for label, stages in (("build", res["stages"]), ("build_many", res["stages_many"])):
+        for w, st in stages.items():
+            for stage, row, per in (("stage1", f"vector_{w}w", 1), ("stage2", "random_writes", int(w))):
+                if row in figs:
+                    shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / per / figs[row]["median"]
+    if "record_step" in res:  # against its own floor: random writes into the record-shape table
+        r, vec = res["record_step"], figs["vector_1w"]["median"]
+        floor = RECORD_ADD / (1e-3 * np.median(r["random_writes_ms"]))
+        shares["record_lookup"] = RECORD_LOOKUP / (1e-3 * np.median(r["lookup_ms"])) / floor
+        shares["record_stage1"] = RECORD_ADD / (1e-3 * np.median(r["stage1_ms"])) / vec
+        shares["record_stage2"] = RECORD_ADD / (1e-3 * np.median(r["stage2_ms"])) / floor
+    return {k: float(v) for k, v in shares.items()}
+
+
+def host_shares_cpu(res):
+    """The same shares from rates per CPU second (work / the process's CPU time, a per-core rate):
+    what the figure's code does while it runs, less moved by time the host gives to others (a
+    shared host took 3/4 of this bench's core at times, "cores used" 0.15-0.3). Figures only."""
+    figs = res["figures"]
+    out = {}
+    for key, f in figs.items():
+        row = host_row(key, res["workers"])
+        if row in figs and np.isfinite(f.get("median_per_cpu_s", np.nan)):
+            out[key] = float(f["median_per_cpu_s"] / figs[row]["median_per_cpu_s"])
+    return out
+
+
+def reproducibility(res, previous=None):
+    """The criterion of docs/performance.md: (1) with `previous` (an earlier run's JSON), every
+    host-relative share of both runs agrees within REPRO_TOLERANCE (larger / smaller - 1); (2) in
+    this run, two workers reach REPRO_SCALING of the vector ceiling's own 2-thread/1-thread ratio
+    (the builds' and the in-cache hashing's ratios)."""
+    out = {}
+    ratios = res["ratios"]
+    vec = ratios.get(f"vector_{res['workers']}w_vs_1w")
+    if vec:
+        scaling = {k[:-len("_vs_1w")]: ratios[k] / vec for k in ratios
+                   if k.endswith("_vs_1w") and not k.startswith(("vector", "memcpy", "lookup"))}
+        out["scaling_vs_vector"] = scaling
+        out["scaling_met"] = bool(scaling) and all(v >= REPRO_SCALING for v in scaling.values())
+    if previous is not None:
+        a, b = res["shares"], previous.get("shares", {})
+        common = sorted(set(a) & set(b))
+        if not common:
+            raise ValueError("--compare: the earlier run's JSON has no host-relative shares (made before they existed?)")
+        dev = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in common}
+        out["agreement"] = dev
+        out["worst"] = max(dev, key=dev.get)
+        out["agreement_met"] = all(v <= REPRO_TOLERANCE for v in dev.values())
+        a, b = res.get("shares_cpu", {}), previous.get("shares_cpu", {})
+        common = sorted(set(a) & set(b))
+        if common:
+            dev = {k: max(a[k], b[k]) / min(a[k], b[k]) - 1 for k in common}
+            out["agreement_cpu"] = dev
+            out["worst_cpu"] = max(dev, key=dev.get)
+            out["agreement_cpu_met"] = all(v <= REPRO_TOLERANCE for v in dev.values())
+    return out
+
+
 @numba.njit(cache=True, nogil=True)
 def chase(nxt, n):
     """Follow n links of nxt from 0: each read's address is the last read's value."""
@@ -420,25 +607,45 @@ def random_writes(log, table, n, repeats=REPEATS):
     return fig
 
 
-def projection(rate_per_core, log, tokens=NODE_TOKENS, cores=NODE_CORES, bandwidth=NODE_BANDWIDTH,
+def projection(res, log, tokens=RECORD_BUILD_TOKENS, threads=RECORD_BUILD_THREADS, bandwidth=NODE_BANDWIDTH,
                bytes_per_token=BYTES_PER_TOKEN):
-    """Seconds to build `tokens` on the record's node: bounded by the cores (the measured
-    per-core rate) and by memory bandwidth (bytes moved per token); the larger one binds."""
-    cores_s = tokens / (cores * rate_per_core)
-    memory_s = tokens * bytes_per_token / bandwidth
+    """Seconds this host's CPU class would take for the record's build (`tokens` on `threads`
+    threads), from this run's own rows: the per-core rates of the 1-worker build at the record's
+    2^14 partitions (stage 1, compute; stage 2, memory-bound, at this host's memory), one thread
+    doing both in turn; and memory bandwidth, the host's 1-core copy rate times the threads, at
+    most the record node's. The larger of the two binds; it is set against the record's
+    RECORD_BUILD_SECONDS."""
+    stages = res["stages_many"][1]
+    s1 = float(np.median([st["stage1"] for st in stages]))
+    s2 = float(np.median([st["stage2"] for st in stages]))
+    n = res["train_tokens"]
+    per_thread = n / (s1 + s2)
+    cores_s = tokens / (threads * per_thread)
+    bw = min(threads * res["figures"]["memcpy_1w"]["median"], bandwidth)
+    memory_s = tokens * bytes_per_token / bw
+    seconds = max(cores_s, memory_s)
     bound = "memory bandwidth" if memory_s > cores_s else "cores"
-    log(f"projection: {tokens / 1e9:.0f}B tokens on {cores} cores at {rate_per_core / 1e6:.1f}M tok/s per core = "
-        f"{cores_s:.1f}s; {bytes_per_token} B/token at {bandwidth / 1e9:.0f} GB/s = {memory_s:.1f}s; {bound} binds: "
-        f"~{max(cores_s, memory_s):.0f}s")
-    return dict(tokens=tokens, cores=cores, bandwidth=bandwidth, bytes_per_token=bytes_per_token,
-                rate_per_core=rate_per_core, cores_s=cores_s, memory_s=memory_s, bound=bound)
+    cpu = res["cpu"]
+    log(f"projection for the record's build ({tokens / 1e9:.0f}B tokens on {threads} threads; it took "
+        f"{RECORD_BUILD_SECONDS} s) at this host's per-core rates ({cpu['model']}, LLVM {cpu['llvm_target']}): "
+        f"stage 1 {n / s1 / 1e6:.1f}M + stage 2 {n / s2 / 1e6:.1f}M tok/s = {per_thread / 1e6:.1f}M tok/s a thread "
+        f"-> cores {cores_s:.1f} s; {bytes_per_token} B/token at {bw / 1e9:.0f} GB/s ({threads} x this host's 1-core "
+        f"copy, at most {bandwidth / 1e9:.0f}) -> memory {memory_s:.1f} s; {bound} binds: {seconds:.1f} s, "
+        f"{seconds / RECORD_BUILD_SECONDS:.1f}x the record's")
+    return dict(tokens=tokens, threads=threads, cpu=cpu["model"], llvm_target=cpu["llvm_target"],
+                stage1_per_core=n / s1, stage2_per_core=n / s2, rate_per_thread=per_thread, bandwidth=bw,
+                bytes_per_token=bytes_per_token, cores_s=cores_s, memory_s=memory_s, seconds=seconds, bound=bound,
+                record_seconds=RECORD_BUILD_SECONDS, vs_record=seconds / RECORD_BUILD_SECONDS)
 
 
 def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=200_000, ref_query=10_000,
-              shards=None, record_step=False, memory=True, log=print):
+              shards=None, record_step=False, memory=True, previous=None, log=print):
     """Benchmark on a training stream `train` and a query stream `query` (uint16 arrays);
-    `shards` (a .bin glob of the same stream) adds the from-shards build."""
+    `shards` (a .bin glob of the same stream) adds the from-shards build; `previous` (an earlier
+    run's result) is checked against this one (reproducibility)."""
     geom = geom or Geometry.for_tokens(train.size)
+    cpu = cpu_info()
+    log(f"CPU: {cpu_text(cpu)}")
     log(f"bench: {train.size:,} training tokens, {query.size:,} query positions, geometry {geom.describe()}, "
         f"{repeats} repeats (median [min-max])")
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(train[:1000]).lookup(query[:1000])  # load compiled kernels
@@ -451,6 +658,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     if record_step:  # first, on a fresh process: after the builds' GiBs come and go, it measured 1.4x slower
         rec = bench_record_step(train, repeats, log, geom.lengths)
         record = dict(geometry=rec["geometry"], prefill=rec["prefill"], ms=[1e3 * w for w in rec["step"].wall],
+                      cpu_ms=[1e3 * c for c in rec["step"].cpu],
                       lookup_ms=[1e3 * w for w in rec["lookup"].wall], add_ms=[1e3 * w for w in rec["add"].wall],
                       stage1_ms=[s[0] for s in rec["stages_ms"]], stage2_ms=[s[1] for s in rec["stages_ms"]],
                       random_writes_ms=[1e3 * w for w in rec["random_writes"].wall], dropped_share=rec["dropped_share"],
@@ -484,8 +692,9 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
         figs[f"lookup_scan_{w}w"] = f
     for w, f in bench_lookup(sealed, query, workers, repeats, "sealed", log).items():
         figs[f"lookup_sealed_{w}w"] = f
+    figs["random_writes"] = random_writes(log, idx.table, RECORD_ADD, repeats)  # the scan is done with idx
 
-    res = dict(geometry=geom.to_dict(), train_tokens=int(train.size), query_tokens=int(query.size), workers=workers,
+    res = dict(cpu=cpu, geometry=geom.to_dict(), train_tokens=int(train.size), query_tokens=int(query.size), workers=workers,
                repeats=repeats, dropped=idx.dropped, hints_stored=idx.hints_stored,
                load=idx.hints_stored / geom.n_slots, side_capacity=sealed.side_capacity,
                stages={w: v for w, v in stages.items()}, stages_many={w: v for w, v in stages_many.items()},
@@ -506,55 +715,97 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for w, fig in compute_ceiling(train, geom, log, workers, repeats=repeats).items():
         figs[f"ceiling_{w}w"] = fig
         res["figures"][f"ceiling_{w}w"] = fig.summary()
+    for w, fig in vector_ceiling(log, workers, repeats=repeats).items():
+        figs[f"vector_{w}w"] = fig
+        res["figures"][f"vector_{w}w"] = fig.summary()
     res["figures"]["latency"] = memory_latency(log, repeats=repeats).summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
-    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling"):
+    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling", "vector"):
         if f"{key}_{workers}w" in figs and workers > 1:
             runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(figs[f"{key}_1w"].rates)
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
             ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
     res["ratios"] = ratios
-    per_core = figs["shards_1w"].median if "shards_1w" in figs else figs["build_1w"].median
-    res["projection"] = projection(per_core, log)
+    res["shares"] = host_shares(res)
+    res["shares_cpu"] = host_shares_cpu(res)
+    res["reproducibility"] = rep = reproducibility(res, previous)
+    res["projection"] = projection(res, log)
     log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
         ratios["build_1w_vs_ref"], ratios["lookup_sealed_1w_vs_ref"]) + "".join(
         f"; {k.replace('_', ' ')} = {ratios[k]:.2f}x (min over repeats {ratios[k + '_min']:.2f}x)"
         for k in ratios if k.endswith("vs_1w")))
+    log("shares of the host rows (medians): " + "; ".join(f"{k} {v:.3g}" for k, v in res["shares"].items()))
+    if "scaling_vs_vector" in rep:
+        log(f"reproducibility: two workers / the vector ceiling's own {workers}/1 ratio: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in rep["scaling_vs_vector"].items()) +
+            f" ({'met' if rep['scaling_met'] else 'NOT met'}: each >= {REPRO_SCALING})")
+    if "agreement" in rep:
+        log(f"reproducibility: against the earlier run, the host-relative shares differ by at most "
+            f"{100 * rep['agreement'][rep['worst']]:.1f}% ({rep['worst']}; "
+            f"{'met' if rep['agreement_met'] else 'NOT met'}: each <= {100 * REPRO_TOLERANCE:.0f}%)")
+    if "agreement_cpu" in rep:
+        log(f"  the same from rates per CPU second: at most {100 * rep['agreement_cpu'][rep['worst_cpu']]:.1f}% "
+            f"({rep['worst_cpu']}; {'met' if rep['agreement_cpu_met'] else 'NOT met'})")
     return res
 
 
+def share_text(res, key):
+    """'0.21 of the vector ceiling' (or of memcpy, of the random writes); 'host row' for a host row."""
+    v = res.get("shares", {}).get(key)
+    if v is None:
+        return "host row" if key in res["figures"] and host_row(key, res["workers"]) is None else ""
+    if key.startswith("memcpy"):
+        row = "memcpy, 1 core (per core)"
+    elif key.startswith(("lookup", "record_lookup")) or key.endswith("stage2"):
+        row = "random writes" + ("" if "_1w" in key or key.startswith("record") else " (per worker)")
+    else:
+        row = "vector ceiling"
+    cpu = res.get("shares_cpu", {}).get(key)
+    return f"{v:.3g} of {row}" + (f" ({cpu:.3g} per CPU second)" if cpu is not None else "")
+
+
 def format_table(res):
-    """The README's Markdown table of one bench run: median [min-max] of each figure."""
+    """The README's Markdown table of one bench run: median [min-max] of each figure, and its share
+    of its host row in the same run; the CPU above it."""
     rows = []
     for key, f in res["figures"].items():
-        used = f"{f['cores_used']:.2f}"
+        used, share = f"{f['cores_used']:.2f}", share_text(res, key)
         if key.startswith("memcpy"):
-            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used))
+            rows.append((f["name"], f"{f['median'] / 1e9:.1f} GB/s", f"{f['min'] / 1e9:.1f}-{f['max'] / 1e9:.1f} GB/s", used, share))
             continue
-        if key == "latency":
-            rows.append(("memory latency: " + f["name"], f"{1e9 / f['median']:.0f} ns",
-                         f"{1e9 / f['max']:.0f}-{1e9 / f['min']:.0f} ns", used))
+        if key in ("latency", "random_writes"):
+            what = "memory latency: " if key == "latency" else "the random-write floor: "
+            rows.append((what + f["name"], f"{1e9 / f['median']:.1f} ns", f"{1e9 / f['max']:.1f}-{1e9 / f['min']:.1f} ns",
+                         used, share))
             continue
         digits = 3 if key.startswith("ref") else (2 if "lookup" in key else 1)
         per = f" ({f['median'] / f['workers'] / 1e6:.{digits}f}M per worker)" if f["workers"] > 1 and key != "seal" else ""
         rows.append((f["name"], f"{f['median'] / 1e6:.{digits}f}M {f['unit']}{per}",
-                     f"{f['min'] / 1e6:.{digits}f}-{f['max'] / 1e6:.{digits}f}M", used))
+                     f"{f['min'] / 1e6:.{digits}f}-{f['max'] / 1e6:.{digits}f}M", used, share))
+        if key.startswith("build_") and f"{key}_stage1" in res.get("shares", {}):
+            for stage in ("stage1", "stage2"):
+                rows.append((f"  {f['name']}: {stage.replace('stage', 'stage ')}", "", "", "", share_text(res, f"{key}_{stage}")))
     if "record_step" in res:
         r = res["record_step"]
-        for name, key in (("record step: lookup + add (1 core)", "ms"), ("  of which lookup", "lookup_ms"),
-                          ("  of which add", "add_ms"), ("    add, stage 1", "stage1_ms"), ("    add, stage 2", "stage2_ms"),
-                          (f"{RECORD_ADD:,} random 8-byte writes (the floor under stage 2)", "random_writes_ms")):
+        for name, key, sk in (("record step: lookup + add (1 core)", "ms", None),
+                              ("record step, 1 thread: CPU (the process's CPU time a step)", "cpu_ms", None),
+                              ("  of which lookup", "lookup_ms", "record_lookup"),
+                              ("  of which add", "add_ms", None), ("    add, stage 1", "stage1_ms", "record_stage1"),
+                              ("    add, stage 2", "stage2_ms", "record_stage2"),
+                              (f"{RECORD_ADD:,} random 8-byte writes (the floor under stage 2)", "random_writes_ms", None)):
             v = np.array(r[key])
-            rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
+            rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", "", share_text(res, sk) if sk else ""))
         for w, t in r.get("threads", {}).items():
             for name, key in ((f"record step, {w} threads: wall", "ms"), (f"record step, {w} threads: CPU", "cpu_ms")):
                 v = np.array(t[key])
-                rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", ""))
+                rows.append((name, f"{np.median(v):.2f} ms", f"{v.min():.2f}-{v.max():.2f} ms", "", ""))
     if "memory" in res:
         mem = res["memory"]
         rows.append(("peak build memory over baseline", f"{mem['peak_increase'] / MIB:.0f} MiB",
-                     f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB", ""))
-    out = [f"| measurement ({res['repeats']} repeats) | median | min-max | cores used |", "|---|---|---|---|"]
-    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+                     f"budget {(mem['index_bytes'] + mem['staging_bytes'] + MEMORY_SLACK) / MIB:.0f} MiB", "", ""))
+    out = [f"CPU: {cpu_text(res['cpu'])}" if "cpu" in res else "", "",
+           f"| measurement ({res['repeats']} repeats) | median | min-max | cores used | share of its host row |",
+           "|---|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     return "\n".join(out)

@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench|positional-bench|exact-bench|scaling`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|positional-bench|exact-bench|scaling|draft-stats`: the hint index from the command line."""
 import argparse
 import json
 import os
@@ -123,10 +123,24 @@ def cmd_bench(args):
     train, query, shards, source = bench_tokens(args)
     geom = Geometry.parse(args.geometry, train.size, args.lengths)
     print(f"corpus: {source}")
+    previous = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                previous = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--compare {args.compare}: expected the JSON of an earlier `bench --json` run ({e})")
     res = run_bench(train, query, geom=geom, workers=args.workers, repeats=args.repeats, ref_tokens=args.ref_tokens,
-                    shards=shards, record_step=args.record_step)
+                    shards=shards, record_step=args.record_step, previous=previous)
     res["corpus"] = source
     print_and_save(format_table(res), res, args.json)
+    if args.save_rate:  # the per-core rate the record's plan counts on for this CPU class (hints/rates.py)
+        from .rates import cpu_model, save_rate
+        p = res["projection"]
+        entry = save_rate(cpu_model(), p["rate_per_thread"],
+                          f"python -m hints bench on {time.strftime('%Y-%m-%d')} ({source}; median of {args.repeats} "
+                          f"{'from-shards ' if shards else ''}builds on 1 worker, geometry {geom.describe()})")
+        print(f"recorded {p['rate_per_thread'] / 1e6:.1f}M tok/s per core for {cpu_model()}: {entry['source']}")
 
 
 def cmd_positional_bench(args):
@@ -161,6 +175,11 @@ def cmd_scaling(args):
 
 BOUNDARIES_HELP = ("document boundaries: 'bos' (default) restarts n-grams at every BOS token (GPT-2's "
                    "<|endoftext|>), as training and validation lookups do; 'none' lets them run across documents")
+
+
+def cmd_draft_stats(args):
+    from .draft_stats import run_draft_stats
+    run_draft_stats(args)
 
 
 def main(argv=None):
@@ -217,6 +236,10 @@ def main(argv=None):
     p.add_argument("--geometry", default="auto")
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
+    p.add_argument("--save-rate", action="store_true", help="record the measured per-core build rate for this CPU "
+                   "model in hints/build_rates.json, where the record's plan (train/plan.py) looks it up")
+    p.add_argument("--compare", default=None, help="an earlier run's --json: check that every figure's share of its "
+                   "host row agrees within 15%% (the reproducibility criterion)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("positional-bench", help="training-time hint work per rank per step at the record's shape: the "
@@ -256,6 +279,12 @@ def main(argv=None):
     p.add_argument("--out", default="runs/scaling", help="output directory")
     p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.set_defaults(fn=cmd_scaling)
+
+    from .draft_stats import add_draft_stats_args
+    p = sub.add_parser("draft-stats", help="replay a text as llama-lookup-stats does: n-gram drafting's acceptance, "
+                       "drafting time per drafted token, the caches' build/load time and memory")
+    add_draft_stats_args(p)
+    p.set_defaults(fn=cmd_draft_stats)
 
     args = ap.parse_args(argv)
     if args.cmd == "lookup" and (args.text is None) == (args.tokens is None):

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from .exact import count_exact, fingerprint_collisions
+from .exact import count_exact
+from .fingerprint import fingerprint_collisions
 from .geometry import DEFAULT_LENGTHS, Geometry
 from .index import HintIndex
 from .reference import ReferenceIndex

@@ -23,15 +23,41 @@ compare-and-swap to do point theirs at a per-program scratch cell (atomic_cas ta
 A lane leaves a probe loop when it finds its key or an empty slot: tables never fill (the
 host keeps the pair table's load <= 3/4), so every loop ends.
 """
+import os
+
 import triton
 import triton.language as tl
 
+# Both ways in one process. The kernels are compiled for the GPU, and a second copy of this module
+# is loaded for Triton's interpreter (hints.exact_triton.load_kernels, under TRITON_INTERPRET=1).
+# triton.language's own @triton.jit helpers (tl.sum, tl.max, tl.cdiv, tl.zeros) are either compiled
+# or interpreted in one process: the kernels call none of them directly (tl.full is a builtin), only
+# _total(x), the sum of x over its lanes, defined per copy:
+#   compiled:    tl.sum, the public reduction;
+#   interpreted: tl.reduce with the combine function the interpreter sums natively with NumPy (it
+#                recognises triton.language's own; any other runs lane by lane in Python, ~10x
+#                slower end to end), or, should a Triton lack it, a combine function of our own.
+# what triton.jit decides at decoration time (its knob reads TRITON_INTERPRET; older Tritons: the variable)
+_knobs = getattr(triton, "knobs", None)
+INTERPRETED = bool(_knobs.runtime.interpret) if _knobs is not None else \
+    os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
-# The kernels call no @triton.jit helper of triton.language (tl.sum, tl.max, tl.cdiv): in one
-# process those are either compiled or interpreted (tl.zeros is one: tl.full is the builtin), and these kernels run both ways (a copy is
-# loaded for the interpreter). tl.reduce(x, 0, _SUM) is tl.sum(x) without its jit wrapper (which
-# the interpreter would also re-patch on every call, 100x slower).
-_SUM = tl.standard._sum_combine
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+if INTERPRETED:
+    _NATIVE_SUM = getattr(getattr(tl, "standard", None), "_sum_combine", None) or _add
+
+    @triton.jit
+    def _total(x):
+        return tl.reduce(x, 0, _NATIVE_SUM)
+else:
+    @triton.jit
+    def _total(x):
+        return tl.sum(x, 0)
 
 
 @triton.jit
@@ -77,11 +103,11 @@ def insert_queries(q_ptr, n, a_ptr, keys_ptr, slot_ptr, scratch_ptr,
             p = (_fmix64(s) >> (64 - CAP_BITS)).to(tl.int64)
             slot = tl.full([BLOCK], -1, tl.int64)
             searching = inb & (t >= BOUNDS[k + 1] - 1)
-            while tl.reduce(searching.to(tl.int32), 0, _SUM) > 0:
+            while _total(searching.to(tl.int32)) > 0:
                 cur = tl.load(keys_ptr + k * cap + p, mask=searching, other=0)
                 found = searching & (cur == key)
                 empty = searching & (cur == 0)
-                if tl.reduce(empty.to(tl.int32), 0, _SUM) > 0:
+                if _total(empty.to(tl.int32)) > 0:
                     ptr = tl.where(empty, keys_ptr + k * cap + p, scratch)
                     old = tl.atomic_cas(ptr, zero, tl.where(empty, key, zero), sem="relaxed")
                     found = found | (empty & ((old == 0) | (old == key)))
@@ -120,7 +146,7 @@ def count_stream(tok_ptr, end, first, a_ptr, keys_ptr, pairs_ptr, fill_ptr, scra
             p = (_fmix64(s) >> (64 - CAP_BITS)).to(tl.int64)
             slot = tl.full([BLOCK], -1, tl.int64)
             searching = alive
-            while tl.reduce(searching.to(tl.int32), 0, _SUM) > 0:
+            while _total(searching.to(tl.int32)) > 0:
                 cur = tl.load(keys_ptr + k * cap + p, mask=searching, other=0)
                 slot = tl.where(searching & (cur == key), p, slot)
                 searching = searching & (cur != key) & (cur != 0)
@@ -130,16 +156,16 @@ def count_stream(tok_ptr, end, first, a_ptr, keys_ptr, pairs_ptr, fill_ptr, scra
             pkey = ((k * cap + slot) << 16 | follower) + 1
             pp = (_fmix64(pkey.to(tl.uint64, bitcast=True)) >> (64 - PAIR_BITS)).to(tl.int64)
             searching = alive
-            while tl.reduce(searching.to(tl.int32), 0, _SUM) > 0:
+            while _total(searching.to(tl.int32)) > 0:
                 cur = tl.load(pairs_ptr + 2 * pp, mask=searching, other=0)
                 found = searching & (cur == pkey)
                 empty = searching & (cur == 0)
-                if tl.reduce(empty.to(tl.int32), 0, _SUM) > 0:
+                if _total(empty.to(tl.int32)) > 0:
                     ptr = tl.where(empty, pairs_ptr + 2 * pp, scratch)
                     old = tl.atomic_cas(ptr, zero, tl.where(empty, pkey, zero), sem="relaxed")
                     claimed = empty & (old == 0)
                     found = found | claimed | (empty & (old == pkey))
-                    tl.atomic_add(fill_ptr, tl.reduce(claimed.to(tl.int64), 0, _SUM), sem="relaxed")
+                    tl.atomic_add(fill_ptr, _total(claimed.to(tl.int64)), sem="relaxed")
                 tl.atomic_add(pairs_ptr + 2 * pp + 1, tl.full([BLOCK], 1, tl.int64), mask=found, sem="relaxed")
                 searching = searching & ~found
                 pp = tl.where(searching, (pp + 1) & (pcap - 1), pp)
@@ -159,7 +185,7 @@ def grow_pairs(old_ptr, n_old, new_ptr, scratch_ptr, PAIR_BITS: tl.constexpr, BL
         count = tl.load(old_ptr + 2 * i + 1, mask=i < n_old, other=0)
         pp = (_fmix64(key.to(tl.uint64, bitcast=True)) >> (64 - PAIR_BITS)).to(tl.int64)
         searching = key != 0
-        while tl.reduce(searching.to(tl.int32), 0, _SUM) > 0:
+        while _total(searching.to(tl.int32)) > 0:
             ptr = tl.where(searching, new_ptr + 2 * pp, scratch)
             old = tl.atomic_cas(ptr, zero, tl.where(searching, key, zero), sem="relaxed")
             claimed = searching & (old == 0)  # keys are distinct: a taken slot is another key's

@@ -22,7 +22,7 @@ import os
 import sys
 import warnings
 
-from .exact import multipliers
+from .fingerprint import multipliers
 from .geometry import DEFAULT_LENGTHS
 
 QUERY_SLOTS_PER_NGRAM = 2  # query table slots per query position: load <= 1/2, short probes for misses

@@ -172,10 +172,13 @@ class HintIndex:
             if fd is None:
                 self._check_space(path)
                 store.create_file(path, geom)
-            else:
+                self.fill, self.table = store.map_arrays(path, geom, "r+")
+            else:  # shared memory (a memfd): sized, asked for huge pages, pre-faulted on `workers` threads
+                from . import memory  # here: `python -m hints.memory` runs that module as a script
                 geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
-                store.reserve(fd, store.layout(geom)[2], path)
-            self.fill, self.table = store.map_arrays(path, geom, "r+")
+                os.ftruncate(fd, store.layout(geom)[2])
+                self.fill, self.table = store.map_arrays(path, geom, "r+")
+                self.prefault = memory.prefault_shared(fd, [self.fill, self.table], self.workers)
 
     def _init_state(self, geom, workers, path, chunk_tokens=None, tokens_added=0, history=None, dropped=0):
         """Everything but the table: shared by a new index and a loaded one."""
@@ -194,6 +197,7 @@ class HintIndex:
         self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
+        self.prefault = None  # a shared-memory table's reservation: how, on how many threads, in what time
         g = self.geom
         self._lengths = np.array(g.lengths, dtype=np.int64)
         self._pows = np.array([pow(int(kernels.HASH_MULT), L, 1 << 64) for L in g.lengths], dtype=np.uint64)
@@ -570,7 +574,7 @@ class HintIndex:
 def compile_kernels(lengths):
     """Compile the kernels of a run's hint work, or load them from Numba's cache, on a tiny index:
     the build and the scan lookup of a growing index in memory (the training index), then the
-    background index's path: built in a memfd, sealed, saved, and its sealed lookup mapped
+    background index's path: built in a memfd, sealed or not, saved, and looked up mapped
     read-only (Numba compiles read-only arrays apart). A memfd needs no writable directory, as
     the background builder's does not. A run calls this before its clock starts, so that no step
     or validation pays for it: in a fresh checkout each lookup's first call took ~20 s on a
@@ -579,12 +583,14 @@ def compile_kernels(lengths):
     stream = (np.arange(4 * max(lengths)) % 7).astype(np.uint16)
     geom = Geometry(0, 1, SLOTS_PER_LINE, tuple(lengths))
     HintIndex(geom).add(stream).lookup(stream)
-    fd = os.memfd_create("hint-kernels.idx", os.MFD_CLOEXEC)
-    try:
-        saved = HintIndex(geom, path=fd).add(stream).seal().save()
-        HintIndex.load(saved, mmap=True).lookup(stream)
-    finally:
-        os.close(fd)
+    for seal in (True, False):  # the background index mapped read-only: sealed, or as built (the record's)
+        fd = os.memfd_create("hint-kernels.idx", os.MFD_CLOEXEC)
+        try:
+            idx = HintIndex(geom, path=fd).add(stream)
+            saved = (idx.seal() if seal else idx).save()
+            HintIndex.load(saved, mmap=True).lookup(stream)
+        finally:
+            os.close(fd)
     return time.perf_counter() - t0
 
 

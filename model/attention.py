@@ -16,6 +16,13 @@ Two implementations of exactly this mask:
   * otherwise: SDPA with the explicit (B, 1, T, T) boolean mask (slow for long sequences, exact).
 tests/test_model_backbone.py checks that both give the same outputs (FlexAttention also runs,
 unfused, on the CPU).
+
+Compilation (GPU path). compile_attention(), called once at model set-up, compiles flex_attention
+and the BlockMask builder. Inside a compiled block (GPT.compile_regions) or model, dynamo traces
+flex_attention and the builder into the caller's graph instead (nothing is compiled inside a
+compiled region); outside one, the compiled forms run. The mask is built once per forward (one
+batch), by the compiled builder: a few fused kernels, not dozens of eager ones. A new BlockMask
+each step (its mask_mod a new closure, the window a tensor) does not recompile the blocks.
 """
 import warnings
 
@@ -23,14 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from model.device import gpu_paths_enabled, maybe_compile
+from model.device import gpu_paths_enabled, torch_compile
 
 # GPT-2's <|endoftext|> (id 50256): FineWeb shards put it before every document.
 BOS_ID = 50256
 # FlexAttention's tile (the records' BLOCK_SIZE): the window grows in steps of this many tokens.
 ATTN_BLOCK_SIZE = 128
 
-_compiled_flex = None
+_compiled = {}  # "flex", "block_mask": their torch.compile'd forms, set by compile_attention()
 
 
 def document_ids(idx: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -81,13 +88,21 @@ def window_block_mask(idx: torch.Tensor, window_blocks: torch.Tensor, block_size
                                     BLOCK_SIZE=block_size, mask_mod=mask_mod)
 
 
+def compile_attention() -> None:
+    """On the GPU path, compile flex_attention and window_block_mask once (idempotent; lazy:
+    torch.compile builds each graph at its first call). A no-op off the GPU path."""
+    if gpu_paths_enabled() and not _compiled:
+        _compiled["flex"] = torch_compile(flex_attention)
+        _compiled["block_mask"] = torch_compile(window_block_mask)
+
+
 def flex_attention_op(q, k, v, block_mask: BlockMask) -> torch.Tensor:
-    """flex_attention on (B, H, T, hd) tensors: compiled on the GPU path, eager (unfused) otherwise."""
-    global _compiled_flex
-    if gpu_paths_enabled() and q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = maybe_compile(flex_attention)
-        return _compiled_flex(q, k, v, block_mask=block_mask)
+    """flex_attention on (B, H, T, hd) tensors: traced into the caller's graph inside a compiled
+    region, compiled on the GPU path (compile_attention), eager (unfused) otherwise."""
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=block_mask)
+    if q.is_cuda and "flex" in _compiled:
+        return _compiled["flex"](q, k, v, block_mask=block_mask)
     with warnings.catch_warnings():  # eager flex warns that it is unfused; on CPU that is the point
         warnings.simplefilter("ignore", UserWarning)
         return flex_attention(q, k, v, block_mask=block_mask)
@@ -102,7 +117,8 @@ def build_mask(idx: torch.Tensor, window_blocks: torch.Tensor | None, block_size
         raise ValueError(f"windowed attention needs seq_len divisible by attn_block_size={block_size}, "
                          f"got {idx.size(1)}")
     if gpu_paths_enabled() and idx.is_cuda:
-        return window_block_mask(idx, window_blocks, block_size, bos_id)
+        compiled = _compiled.get("block_mask") if not torch.compiler.is_compiling() else None
+        return (compiled or window_block_mask)(idx, window_blocks, block_size, bos_id)
     return window_mask(idx, window_blocks, block_size, bos_id)
 
 

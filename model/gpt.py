@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask
-from model.device import gpu_paths_enabled, maybe_compile
+from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask, compile_attention
+from model.device import configure_compile, gpu_paths_enabled, maybe_compile
 from model.hint_cells import CellHints, record_middle_layer
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
@@ -62,8 +62,9 @@ ROPE_BASE = 10000.0
 # The records' half-truncated rotary (from 2024-12-17): head_dim / 4 frequencies spaced
 # geometrically from 1 down to 1/1024, then head_dim / 4 zero frequencies.
 HALF_ROPE_MIN_FREQ = 1 / 1024
-# modded-nanogpt's CastedLinear init: uniform with std 0.5 / sqrt(fan_in).
-SPEEDRUN_INIT_GAIN = 0.5
+# The 2025-01-04 record's CastedLinear keeps nn.Linear's init: uniform in +-1/sqrt(fan_in), i.e.
+# std 1/sqrt(3 fan_in) (later records use std 0.5/sqrt(fan_in)).
+SPEEDRUN_INIT_GAIN = 1 / math.sqrt(3.0)
 # GPT-2 / llm.c init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer).
 GPT2_INIT_STD = 0.02
 # Initial mixes of the records: block (x, x0) = (1, 0), attention (v, value embedding) = (0.5, 0.5).
@@ -171,10 +172,12 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotates in float32, as the 2025-01-04 record does (bf16 has 8 bits of mantissa: the angles
+        of far positions would lose their low bits), and returns x's dtype."""
         T = x.size(1)
-        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+        cos, sin = self.cos[:T], self.sin[:T]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
 
 
 class SpeedrunBlock(nn.Module):
@@ -203,11 +206,14 @@ class SpeedrunBlock(nn.Module):
         if self.has_attention:
             h = rms_norm(x)
             heads = (*h.shape[:2], self.n_head, -1)
-            q = self.rotary(rms_norm(self.q(h).view(heads)))
-            k = self.rotary(rms_norm(self.k(h).view(heads)))
+            # one dtype into attention (FlexAttention's backward refuses a mix): v's, i.e. the Linear's
+            # output, bf16 under autocast. Embedding lookups are not autocast and rms_norm's autocast
+            # dtype differs between torch versions, so ve, q and k are cast to it.
             v = self.v(h)
+            q = self.rotary(rms_norm(self.q(h).view(heads))).type_as(v)
+            k = self.rotary(rms_norm(self.k(h).view(heads))).type_as(v)
             if self.value_mix is not None:
-                v = self.value_mix[0] * v if ve is None else self.value_mix[0] * v + self.value_mix[1] * ve
+                v = self.value_mix[0] * v if ve is None else self.value_mix[0] * v + self.value_mix[1] * ve.type_as(v)
             x = x + self.attn_proj(attend(q, k, v.view(heads), mask))
         return x + self.mlp_proj(F.relu(self.fc(rms_norm(x))).square())
 
@@ -261,6 +267,8 @@ class GPT(nn.Module):
             # max_seq_len until set); a tensor, so a compiled model does not recompile as it grows
             full = math.ceil(cfg.max_seq_len / cfg.attn_block_size)
             self.register_buffer("window_blocks", torch.tensor(full, dtype=torch.int32), persistent=False)
+            if cfg.window_attn:
+                compile_attention()  # the GPU path's FlexAttention and mask builder, once, at set-up
             nn.init.normal_(self.wte.weight, std=1.0)   # read through an RMSNorm, so unit scale
             nn.init.zeros_(self.lm_head.weight)         # modded-nanogpt: zero-init LM head
         else:
@@ -296,9 +304,22 @@ class GPT(nn.Module):
         backward goes on (a whole-model compile hands every gradient over at its very end).
         Parameter names are unchanged. A no-op off the GPU path."""
         if gpu_paths_enabled():
+            configure_compile()  # the blocks share one forward: model/device.py's RECOMPILE_LIMIT
             for block in self.blocks:
                 block.compile(dynamic=False)
             self._head = maybe_compile(self._head)
+        return self
+
+    def cast_embeddings(self, dtype: torch.dtype) -> "GPT":
+        """Keep the embedding tables (token and value embeddings) in `dtype`: bf16 on the GPU path,
+        as the 2025-01-04 record keeps them. Their lookups are not autocast, so float32 tables would
+        put float32 rows into a bf16 step; bf16 tables also halve their gradients' all-reduce
+        (model/grad_sync.py). The LM head stays float32 (the record's too). speedrun only: gpt2 ties
+        its token table to its LM head."""
+        if self.cfg.arch != "speedrun":
+            raise ValueError("cast_embeddings: the speedrun arch only (gpt2 ties wte to its LM head)")
+        self.wte.to(dtype)
+        self.value_embeds.to(dtype)
         return self
 
     def set_window_blocks(self, blocks: int) -> None:
@@ -307,7 +328,7 @@ class GPT(nn.Module):
             raise ValueError(f"the attention window must be >= 1 block, got {blocks}")
         self.window_blocks.fill_(blocks)
 
-    def _hint_vector(self, idx, hint_tokens, hint_kinds, hint_weights):
+    def _hint_vector(self, idx, hint_tokens, hint_kinds, hint_weights=None):
         if hint_tokens is None and hint_kinds is None:
             return None
         if self.record_hints:

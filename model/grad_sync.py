@@ -22,6 +22,13 @@ Trainer call sequence, one backward per step:
     sync.wait()                         # starts what is left, waits for the all-reduce buckets
     for opt in optimizers: opt.step()   # Muon waits for its own sharded buckets
     sync.zero_grad()                    # zeroes the buckets; the gradients stay views
+The big tables. A bucket holds one dtype, and a gradient has its parameter's dtype: on the GPU
+path the token and value-embedding tables are bf16 (GPT.cast_embeddings, as in the 2025-01-04
+record), so their gradients (4 x 77 MB at the record's shape) are all-reduced in bf16, half the
+bytes of float32. They cannot start earlier: the value embeddings feed blocks 0-2 and the token
+table the embedding and the hints, so their gradients complete only at the very end of backward.
+The float32 LM head (154 MB) gets its gradient first in backward, and its bucket starts at once
+(after the first step's rebuild in arrival order), overlapping the whole backward.
 Under a whole-model torch.compile the backward is one autograd node, so every hook fires at its
 end and only Muon's Newton-Schulz overlaps the reductions; compile per block
 (GPT.compile_regions) to overlap them with backward too. Without torch.distributed (or with one

@@ -23,7 +23,8 @@ from hints.tokens import count_tokens
 from model import GPT, GPTConfig
 from train.checkpoint import load_set
 from train.common import Dist
-from train.evaluate import evaluate, read_val_tokens
+from train.data import read_val_tokens
+from train.evaluate import evaluate
 
 
 def load_model(path, d):

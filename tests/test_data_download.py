@@ -131,6 +131,31 @@ def test_verifies_present_files_and_replaces_broken(tmp_path, fake_hub):
     assert fetched == []
 
 
+def test_more_shards_into_a_folder_recorded_on_first_read(tmp_path, fake_hub, capsys):
+    """modded-nanogpt's own download left shards and no manifest; a run's first read recorded them
+    (no sha256); a download of more shards keeps them and adds the new, verified ones."""
+    from data.loader import read_tokens
+    from data.manifest import RECORDED_ON_READ, main
+    served, published, fetched = fake_hub
+    for i, name in enumerate(shard_names(2)):
+        served[name] = shard_bytes(np.arange(10 + i))
+    for name in shard_names(1):
+        (tmp_path / name).write_bytes(served[name])
+    assert len(read_tokens(str(tmp_path / "fineweb_train_*.bin"))) == 11
+    m = read_manifest(tmp_path)
+    assert m["source"] == RECORDED_ON_READ and {e["sha256"] for e in m["files"].values()} == {None}
+    download_fineweb("10B", 2, tmp_path, progress=False)
+    assert fetched == ["fineweb_train_000002.bin"]  # the recorded shards are kept as the manifest lists them
+    m = read_manifest(tmp_path)
+    assert sorted(m["files"]) == sorted(shard_names(2)) and m["source"]["revision"] == download.VARIANTS["10B"]["revision"]
+    assert m["files"]["fineweb_train_000002.bin"]["sha256"] == hashlib.sha256(served["fineweb_train_000002.bin"]).hexdigest()
+    capsys.readouterr()
+    main([str(tmp_path), "--verify"])
+    assert capsys.readouterr().out.strip() == (
+        f"{tmp_path}: 3 shards agree with manifest.json; 2 of them with no sha256 recorded (recorded on first read), "
+        f"so their sizes, token counts and largest ids only: python -m data.manifest {tmp_path} records hashes")
+
+
 def test_a_download_that_fails_its_check_is_removed(tmp_path, fake_hub):
     served, published, fetched = fake_hub
     for name in shard_names(1):

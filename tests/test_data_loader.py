@@ -23,7 +23,7 @@ def make_shards(tmp_path, sizes=SHARD_SIZES, seed=0, eot_every=None):
     for i, n in enumerate(sizes):
         paths.append(write_shard(tmp_path / f"train_{i:06d}.bin", stream[pos:pos + n]))
         pos += n
-    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(tmp_path)  # the set, recorded as its writer would (data/manifest.py)
     return str(tmp_path / "train_*.bin"), stream.astype(np.uint16)
 
 

@@ -42,7 +42,7 @@ def shards(tmp_path):
     toks = rng.integers(0, 40, size=60_000).astype(np.uint16)
     write_shard(tmp_path / "train_000000.bin", toks[:25_000])
     write_shard(tmp_path / "train_000001.bin", toks[25_000:])
-    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(tmp_path)  # the set, recorded as its writer would (data/manifest.py)
     return str(tmp_path / "train_*.bin"), toks
 
 
@@ -59,7 +59,7 @@ def test_builds_same_index_as_in_process(shards):
     pattern, toks = shards
     b = BackgroundBuilder(pattern, 50_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}a", log=lambda *a: None)
     try:
-        b.start()
+        b.start().go()
         st = wait_for(b)
         assert st["state"] == "ready", st
         bg = b.open()
@@ -83,7 +83,7 @@ def test_unsealed_builder_leaves_the_build_order(shards):
     b = BackgroundBuilder(pattern, 20_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}u", log=lambda *a: None,
                           seal=False)
     try:
-        b.start()
+        b.start().go()
         assert wait_for(b)["state"] == "ready"
         bg = b.open()
         ref = HintIndex(GEOM).add(toks[:20_000])
@@ -131,7 +131,7 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
         "import sys, time, os\n"
         "from hints.background import BackgroundBuilder\n"
         "from hints import Geometry\n"
-        f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start()\n"
+        f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start().go()\n"
         "t = time.time()\n"
         "while b.status()['state'] not in ('running', 'ready') and time.time() - t < 60: time.sleep(0.05)\n"
         "print(b.process.pid, flush=True)\n"
@@ -156,7 +156,7 @@ def test_close_stops_a_paused_builder_through_its_own_cleanup(tmp_path):
     long = write_shard(tmp_path / "long.bin", np.tile(np.arange(50, dtype=np.uint16), 480_000))  # 24M tokens:
     b = BackgroundBuilder(long, 24_000_000, geometry=GEOM, workers=1, name=f"t{os.getpid()}d",  # still running
                           log=lambda *a: None)  # when paused
-    b.start()
+    b.start().go()
     wait_for(b, states=("running",))  # its SIGTERM handler is installed by now
     os.kill(b.process.pid, signal.SIGSTOP)
     b.close()
@@ -171,7 +171,7 @@ def test_failure_reason_reaches_the_owner_and_attached_ranks(tmp_path, shards):
     raw[0] ^= 0xFF  # broken after the token count was taken: only the builder finds it
     (tmp_path / "train_000001.bin").write_bytes(bytes(raw))
     try:
-        b.start()
+        b.start().go()
         other = BackgroundBuilder.attach(b.name)
         st = wait_for(b, states=("failed",))
         assert "train_000001.bin" in st["error"] and "magic" in st["error"]
@@ -184,3 +184,25 @@ def test_failure_reason_reaches_the_owner_and_attached_ranks(tmp_path, shards):
 def test_attach_without_an_owner_is_a_clear_error():
     with pytest.raises(RuntimeError, match="nobody serves it"):
         BackgroundBuilder.attach(f"t{os.getpid()}-nobody")
+
+
+def test_armed_builder_indexes_nothing_until_the_clock_starts(shards):
+    """Before go() the builder reserves, pre-faults and reads, then waits: no token is indexed; after
+    go(clock_start) it builds, and its times count from that clock start."""
+    pattern, _ = shards
+    b = BackgroundBuilder(pattern, 50_000, geometry=GEOM, workers=2, name=f"t{os.getpid()}g", log=lambda *a: None)
+    try:
+        b.start()
+        assert b.wait_armed(WAIT_S) == "armed"
+        time.sleep(1.0)  # an armed builder stays armed: it hashes nothing without the clock
+        st = b.status()
+        assert st["state"] == "armed" and st["tokens_done"] == 0 and "armed" in b.describe()
+        assert st["prefault"]["workers"] == 2 and st["page_cache_bytes"] >= 50_000 * 2
+        clock = time.monotonic()
+        b.go(clock)
+        st = wait_for(b)
+        assert st["state"] == "ready" and st["tokens_done"] == 50_000 and st["tokens_done_at_clock_start"] == 0
+        assert st["clock_start"] == clock and 0 <= st["build_started_s"] < st["ready_s"] <= time.monotonic() - clock
+    finally:
+        b.close()
+    assert leftovers(b.name) == []

@@ -11,6 +11,7 @@ from data.manifest import write_manifest
 from data.shards import write_shard
 from data.tokenizer import gpt2
 from hints import HintIndex, ReferenceIndex
+from hints.bench import reproducibility
 
 TEXT = "def add(a, b):\n    return a + b\n\n" * 50 + "class Point:\n    def __init__(self, x, y):\n        self.x = x\n" * 40
 
@@ -31,7 +32,7 @@ def shards(tmp_path_factory):
     train = np.concatenate([toks, noise, toks])
     write_shard(d / "train_000000.bin", train)
     write_shard(d / "val_000000.bin", toks)
-    write_manifest(d)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(d)  # the set, recorded as its writer would (data/manifest.py)
     np.save(d / "train.npy", train)
     return d, train, toks
 
@@ -75,9 +76,29 @@ def test_scaling_and_bench(shards, tmp_path):
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["ratios"]["build_1w_vs_ref"] > 1 and "ratios" in r.stdout and "memory latency" in r.stdout
     for key in ("ref_build", "build_1w", "build_2w", "shards_2w", "seal", "lookup_scan_1w", "lookup_sealed_2w", "latency",
-                "ceiling_1w", "ceiling_2w"):
+                "ceiling_1w", "ceiling_2w", "vector_1w", "vector_2w", "random_writes"):
         fig = res["figures"][key]
         assert fig["repeats"] == 2 and fig["min"] <= fig["median"] <= fig["max"], key
+    # every figure beside its host row from the same run: compute against the vector ceiling of as many
+    # threads, memory-bound against the random-write floor or memcpy; the CPU is named with them
+    shares = res["shares"]
+    assert shares["build_1w"] == pytest.approx(res["figures"]["build_1w"]["median"] / res["figures"]["vector_1w"]["median"])
+    assert shares["ceiling_2w"] == pytest.approx(res["figures"]["ceiling_2w"]["median"] / res["figures"]["vector_2w"]["median"])
+    assert shares["lookup_sealed_1w"] == pytest.approx(
+        res["figures"]["lookup_sealed_1w"]["median"] / res["figures"]["random_writes"]["median"])
+    assert {"build_1w_stage1", "build_many_2w_stage2"} <= set(shares) and "vector_1w" not in shares
+    assert set(res["shares_cpu"]) <= set(shares) and "build_1w" in res["shares_cpu"]
+    assert res["cpu"]["llvm_target"] and "vector ceiling" in r.stdout and res["cpu"]["model"] in r.stdout
+    scaling = res["reproducibility"]["scaling_vs_vector"]
+    assert scaling["build_2w"] == pytest.approx(res["ratios"]["build_2w_vs_1w"] / res["ratios"]["vector_2w_vs_1w"])
+    proj = res["projection"]
+    assert proj["threads"] == 48 and proj["seconds"] == max(proj["cores_s"], proj["memory_s"]) > 0
+    # the agreement criterion on this run's own shares: 10% apart passes, 20% apart fails, and names the worst
+    near = dict(res, shares={k: v * 1.1 for k, v in shares.items()})
+    far = dict(res, shares=dict(shares, seal=shares["seal"] * 1.2))
+    assert reproducibility(res, near)["agreement_met"]
+    bad = reproducibility(res, far)
+    assert not bad["agreement_met"] and bad["worst"] == "seal"
     mem = res["memory"]  # the 92 MiB table is pre-faulted, so it shows in the peak, and little else does
     assert 0.9 * mem["index_bytes"] <= mem["peak_increase"] <= mem["index_bytes"] + mem["staging_bytes"] + (256 << 20)
 

@@ -18,7 +18,8 @@ import torch
 import triton  # noqa: F401  imported here, before any test sets TRITON_INTERPRET, as a user's program would
 
 from hints import ReferenceIndex, count_exact
-from hints.exact import TorchCounter, exact_val_hints, fingerprint, fingerprint_collisions, fingerprints_numpy
+from hints.exact import TorchCounter, exact_val_hints
+from hints.fingerprint import fingerprint, fingerprint_collisions, fingerprints_numpy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -21,7 +21,7 @@ def corpus(tmp_path):
     toks = rng.integers(0, 12, size=40_000).astype(np.uint16)
     write_shard(tmp_path / "train_000000.bin", toks[:15_000])
     write_shard(tmp_path / "train_000001.bin", toks[15_000:])
-    write_manifest(tmp_path)  # a glob of a folder needs its manifest (data/manifest.py)
+    write_manifest(tmp_path)  # the set, recorded as its writer would (data/manifest.py)
     # half a passage seen in training (long hints, mostly right), half fresh text
     val = np.concatenate([toks[5_000:7_500], rng.integers(0, 12, size=2_500).astype(np.uint16)])
     return str(tmp_path / "train_*.bin"), toks, val

@@ -1,7 +1,7 @@
 """The repo's layout rules, checked on its source: data flows one way (data -> hints -> model ->
 train -> train_gpt.py), `hints/` imports no torch, `model/` imports neither `hints/` nor `data/`,
-nothing imports the entry point, no file edits sys.path, and nothing points outside the repo for
-its design."""
+nothing imports the entry point, no module imports another that imports it back (directly or
+through others), no file edits sys.path, and nothing points outside the repo for its design."""
 import ast
 import os
 import subprocess
@@ -55,6 +55,81 @@ def test_nothing_imports_the_entry_point_or_edits_sys_path():
         assert "train_gpt" not in imported_modules(path), f"{path.relative_to(REPO)} imports train_gpt"
         text = path.read_text()
         assert "sys.path.insert" not in text and "sys.path[0]" not in text, f"{path.relative_to(REPO)} edits sys.path"
+
+
+def module_name(path):
+    """The dotted name a repo file imports as: hints/exact.py -> hints.exact, hints/__init__.py -> hints."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """{module: the repo modules it imports}, from every import statement in its source: at module
+    level and inside functions alike (a lazy import still closes a circle; it only runs it later).
+    `from P import x` is an edge to P.x when that is a module, else to P; relative imports resolve
+    against the file's package. Importing P.x also runs P's __init__, but that implicit edge is
+    left out: every package's __init__ importing its own submodules would otherwise be a circle."""
+    files = {module_name(p): p for p in python_files()}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                for a in node.names:
+                    targets.add(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base)
+        graph[name] = sorted(t for t in targets if t in files and t != name)
+    return graph
+
+
+def import_cycles(graph):
+    """The strongly connected components of more than one module (Tarjan), each sorted: every
+    module in one imports, step by step, every other."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_sees_a_circle_and_a_lazy_one():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"], "e": ["f"], "f": ["e"], "g": []}
+    assert import_cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert "hints.exact_triton" in import_graph()["hints.exact"]  # a function-level import is an edge
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "modules that import each other (move the shared piece to the module that owns it): " + \
+        "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_the_design_is_cited_inside_the_repo():

@@ -1,6 +1,9 @@
 """The later-record backbone features of the speedrun GPT, each on its own and all together:
 shapes, causality, the exact no-op of absent hints, windowed document attention (FlexAttention
-and the explicit SDPA mask agree), and the padded-width logits and loss."""
+and the explicit SDPA mask agree), and the padded-width logits and loss. The tests that take
+the `amp` fixture run twice: in float32 and under CPU bf16 autocast (what the GPU path runs
+in bf16; tests/test_model_autocast.py checks its dtypes)."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -26,6 +29,16 @@ FEATURES = {
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(params=["float32", "bf16-autocast"])
+def amp(request):
+    """The context the test's forwards run in: none (float32), then CPU bf16 autocast. Per forward,
+    as the trainer enters it: autocast caches its bf16 copies of the weights until the outermost
+    autocast region exits, so a region around optimizer steps would keep reading stale weights."""
+    if request.param == "float32":
+        return contextlib.nullcontext
+    return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 def tiny_model(features, seed=0, **overrides):
     torch.manual_seed(seed)
     n_layer = 8 if features is RECORD_BACKBONE else 4  # the record's block 7 has no attention
@@ -40,9 +53,10 @@ def batch(generator=None):
     return idx, idx.roll(-1, 1)
 
 
-def trained(features, steps=3, **overrides):
+def trained(features, steps=3, amp=contextlib.nullcontext, **overrides):
     """A model after a few steps, so zero-initialised weights and mixes (LM head, output
-    projections, the embedding-skip weight of x0) are nonzero and every path carries signal."""
+    projections, the embedding-skip weight of x0) are nonzero and every path carries signal;
+    amp: the context of each forward."""
     model = tiny_model(features, **overrides)
     optimizers = build_optimizers(model, arch="speedrun")
     g = torch.Generator().manual_seed(1)
@@ -50,7 +64,9 @@ def trained(features, steps=3, **overrides):
         idx, targets = batch(g)
         hints = torch.randint(-1, VOCAB, (B, T, K), generator=g)
         kinds = torch.randint(0, 126, (B, T, K), generator=g).masked_fill(hints < 0, -1)
-        model(idx, targets, hints, kinds).backward()
+        with amp():
+            loss = model(idx, targets, hints, kinds)
+        loss.backward()
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
@@ -58,13 +74,14 @@ def trained(features, steps=3, **overrides):
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_shapes_and_gradients(name):
+def test_shapes_and_gradients(name, amp):
     model = tiny_model(FEATURES[name])
     idx, targets = batch()
-    logits = model(idx)
-    assert logits.shape == (B, T, VOCAB) and logits.dtype == torch.float32
     hints = torch.randint(-1, VOCAB, (B, T, K))
-    loss = model(idx, targets, hints, torch.randint(0, 126, (B, T, K)))
+    with amp():
+        logits = model(idx)
+        loss = model(idx, targets, hints, torch.randint(0, 126, (B, T, K)))
+    assert logits.shape == (B, T, VOCAB) and logits.dtype == torch.float32
     assert loss.shape == () and torch.isfinite(loss)
     loss.backward()
     n_blocks = model.cfg.n_layer
@@ -77,53 +94,55 @@ def test_shapes_and_gradients(name):
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_causal(name):
+def test_causal(name, amp):
     """Changing the token at position t leaves the logits of every earlier position unchanged."""
-    model = trained(FEATURES[name])
+    model = trained(FEATURES[name], amp=amp)
     idx, _ = batch(torch.Generator().manual_seed(5))
     t = T // 2 + 1
     changed = idx.clone()
     changed[:, t] = (idx[:, t] + 1) % VOCAB
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         before, after = model(idx), model(changed)
     assert torch.equal(before[:, :t], after[:, :t])
     assert not torch.allclose(before[:, t], after[:, t])
 
 
 @pytest.mark.parametrize("name", FEATURES)
-def test_absent_hints_are_bitwise_no_hints(name):
-    model = trained(FEATURES[name])
+def test_absent_hints_are_bitwise_no_hints(name, amp):
+    model = trained(FEATURES[name], amp=amp)
     idx, targets = batch(torch.Generator().manual_seed(6))
     absent = torch.full((B, T, K), -1)
     kinds_only = torch.randint(0, 126, (B, T, K))  # a kind without a token is absent too
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         plain = model(idx)
         assert torch.equal(plain, model(idx, hint_tokens=absent, hint_kinds=absent))
         assert torch.equal(plain, model(idx, hint_tokens=absent, hint_kinds=kinds_only))
         assert torch.equal(model(idx, targets), model(idx, targets, absent, absent))
 
 
-def test_loss_is_the_cross_entropy_of_the_real_columns():
+def test_loss_is_the_cross_entropy_of_the_real_columns(amp):
     """The padded-width loss equals, bitwise, the cross-entropy over the vocab_size real columns
     (the loss before the logits kept their padded width), and pad rows of the head get no gradient."""
-    model = trained(FEATURES["baseline"])
+    model = trained(FEATURES["baseline"], amp=amp)
     idx, targets = batch(torch.Generator().manual_seed(7))
     assert model.cfg.padded_vocab_size > VOCAB
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         sliced = F.cross_entropy(model(idx).reshape(-1, VOCAB), targets.reshape(-1))
         assert torch.equal(model(idx, targets), sliced)
-    model(idx, targets).backward()
+    with amp():
+        loss = model(idx, targets)
+    loss.backward()
     assert (model.lm_head.weight.grad[VOCAB:] == 0).all()
     assert (model.lm_head.weight.grad[:VOCAB] != 0).any()
 
 
-def test_window_and_documents_limit_what_a_position_sees():
-    model = trained(FEATURES["window_attn"])
+def test_window_and_documents_limit_what_a_position_sees(amp):
+    model = trained(FEATURES["window_attn"], amp=amp)
     idx, _ = batch(torch.Generator().manual_seed(8))
     idx[idx == BOS] = BOS + 1
     changed = idx.clone()
     changed[:, 1] = (idx[:, 1] + 1) % VOCAB  # a token of block 0
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         model.set_window_blocks(1)  # a block sees only itself: nothing crosses a block boundary
         assert torch.equal(model(idx)[:, BLOCK:], model(changed)[:, BLOCK:])
         model.set_window_blocks(2)  # one block back per layer: block 0 reaches the next blocks
@@ -135,14 +154,16 @@ def test_window_and_documents_limit_what_a_position_sees():
         assert not torch.allclose(model(idx)[:, 2:5], model(changed)[:, 2:5])
 
 
-def test_full_window_without_documents_is_dense_causal_attention():
-    windowed = trained(FEATURES["window_attn"])
+def test_full_window_without_documents_is_dense_causal_attention(amp):
+    windowed = trained(FEATURES["window_attn"], amp=amp)
     dense = tiny_model({})
     dense.load_state_dict(windowed.state_dict())
     idx, _ = batch(torch.Generator().manual_seed(9))
     idx[idx == BOS] = BOS + 1
-    with torch.no_grad():
-        torch.testing.assert_close(windowed(idx), dense(idx), rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), amp():
+        bf16 = torch.is_autocast_enabled("cpu")
+        tol = 1e-2 if bf16 else 1e-5  # bf16: the explicit-mask and causal SDPA kernels may round apart (0 here)
+        torch.testing.assert_close(windowed(idx), dense(idx), rtol=tol, atol=tol)
 
 
 def documents_batch(T_, n_docs, generator):
@@ -167,19 +188,22 @@ def test_window_mask_is_the_documented_rule():
                 assert bool(mask[b, 0, q, k]) == rule
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [1, 3, 16])
-def test_flex_attention_matches_the_explicit_mask(window):
+def test_flex_attention_matches_the_explicit_mask(window, dtype):
     """FlexAttention with the BlockMask (the GPU path; eager and unfused on the CPU) gives the
-    outputs of SDPA with the explicit boolean mask."""
+    outputs of SDPA with the explicit boolean mask, in float32 and in bf16 (the GPU's dtype)."""
     g = torch.Generator().manual_seed(window)
     T_, H, hd, bs = 128, 2, 16, 8
     idx = documents_batch(T_, 4, g)
-    q, k, v = (torch.randn(2, T_, H, hd, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, T_, H, hd, generator=g).to(dtype) for _ in range(3))
     w = torch.tensor(window, dtype=torch.int32)
     explicit = attend(q, k, v, window_mask(idx, w, bs, BOS))
     block_mask = window_block_mask(idx, w, bs, BOS)
     flex = flex_attention_op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask)
-    torch.testing.assert_close(flex.transpose(1, 2).flatten(2), explicit, rtol=1e-5, atol=1e-5)
+    assert flex.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: 8 bits of mantissa
+    torch.testing.assert_close(flex.transpose(1, 2).flatten(2), explicit, rtol=tol, atol=tol)
     # and the block mask skips blocks: fewer visited than the causal triangle
     n = T_ // bs
     visited = block_mask.kv_num_blocks.sum() + block_mask.full_kv_num_blocks.sum()

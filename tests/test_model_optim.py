@@ -173,9 +173,13 @@ def tiny_gpt2():
     return GPT(tiny_config("gpt2"))
 
 
-def train_distributed(rank, grad_sync, arch="speedrun"):
-    """STEPS steps of the tiny backbone on this rank's batches; (state, bytes this rank sent)."""
+def train_distributed(rank, grad_sync, arch="speedrun", bf16_tables=False):
+    """STEPS steps of the tiny backbone on this rank's batches; (state, bytes this rank sent).
+    bf16_tables: the GPU path's bf16 embedding tables (GPT.cast_embeddings), forwards under CPU
+    bf16 autocast as the GPU's are."""
     model = tiny_backbone() if arch == "speedrun" else tiny_gpt2()
+    if bf16_tables:
+        model.cast_embeddings(torch.bfloat16)
     optimizers = build_optimizers(model, arch=arch, rank=rank, world_size=WORLD_SIZE, grad_sync=grad_sync)
     sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
     COMM_BYTES.reset()
@@ -183,7 +187,9 @@ def train_distributed(rank, grad_sync, arch="speedrun"):
     for step in range(STEPS):
         if arch == "speedrun":
             set_schedules(model, optimizers, step)
-        model(*gpt_batch(rank, step)).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_tables):
+            loss = model(*gpt_batch(rank, step))
+        loss.backward()
         if sync is not None:
             # the hooks started every bucket during backward (all of them: every parameter has a
             # gradient); on the first step in the guessed order, then in the observed one
@@ -217,6 +223,7 @@ def distributed_worker(rank, port, out_dir):
             results[grad_sync], results[grad_sync + "_bytes"] = train_distributed(rank, grad_sync)
             # gpt2: tied embedding and head, AdamW only; the hooks' buckets against the blocking path
             results["gpt2_" + grad_sync], _ = train_distributed(rank, grad_sync, arch="gpt2")
+        results["bf16_tables"], results["bf16_tables_bytes"] = train_distributed(rank, "overlap", bf16_tables=True)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -255,7 +262,7 @@ def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tm
     for r in range(1, WORLD_SIZE):
         for a, b in zip(results[0]["matrices"], results[r]["matrices"]):
             assert torch.equal(a, b)
-        for path in ("allreduce", "overlap", "gpt2_allreduce", "gpt2_overlap"):
+        for path in ("allreduce", "overlap", "gpt2_allreduce", "gpt2_overlap", "bf16_tables"):
             for name, tensor in results[0][path].items():
                 assert torch.equal(tensor, results[r][path][name]), (path, name)
     # the sharded Muon on its own equals the single-process Muon on the averaged gradients
@@ -287,3 +294,11 @@ def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tm
     assert set(overlap) == {"all_reduce", "reduce_scatter", "all_gather"}
     assert sum(overlap.values()) < sum(blocking.values())
     assert sum(overlap.values()) < STEPS * blocking_path_bytes_before_this_change(reference)
+    # bf16 tables (the GPU path): their gradients are all-reduced in bf16, half the bytes; they train
+    tables = ["wte.weight", "value_embeds.0.weight"]
+    bf16 = results[0]["bf16_tables"]
+    assert all(bf16[name].dtype == torch.bfloat16 for name in tables)
+    table_elements = sum(initial[name].numel() for name in tables)
+    saved = overlap["all_reduce"] - results[0]["bf16_tables_bytes"]["all_reduce"]
+    assert saved == STEPS * 2 * (WORLD_SIZE - 1) / WORLD_SIZE * 2 * table_elements  # 2 bytes less per element
+    assert all(not torch.equal(bf16[name].float(), initial[name]) for name in tables)

@@ -34,7 +34,7 @@ def test_article_node_gets_the_article_plan():
     assert p.hint_tokens == B37 and p.geometry == ARTICLE and p.halvings == 0
     assert p.table_bytes == 352 * GiB and p.builder_cores == 224 - 8 * 3
     assert p.shm_path == "/dev/shm" and p.notes == []
-    assert p.reason.startswith("352.0 GiB table + ") and "37B tokens on 200 free cores" in p.reason
+    assert p.reason.startswith("352.0 GiB table + ") and "37B tokens on 200 builder threads, one per free core" in p.reason
     d = json.loads(p.to_json())
     assert d["geometry"] == dict(partition_bits=14, bucket_bits=14, slots=176, lengths=[6, 10, 20])
     for key in ("hint_tokens", "table_bytes", "staging_bytes", "builder_cores", "reason", "shm_path"):
@@ -140,7 +140,7 @@ def test_cli_plans_another_node(capsys):
     assert main(["--node-ram", "2TiB", "--node-cores", "224", "--node-tokens", "37B"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["hint_tokens"] == B37 and d["geometry"]["partition_bits"] == 14 and d["n_ranks"] == 8
-    assert d["builder_cores"] == 224 - 8 * 4  # another node is the article's: 2 threads a core, 2 cores a rank
+    assert d["builder_cores"] == 224 - 8 * 2  # another node is the article's: 2 threads a core, 2 cores a rank
     assert main(["--node-ram", "2TiB", "--node-cores", "224", "--node-threads-per-core", "1", "--node-tokens", "37B"]) == 0
     assert json.loads(capsys.readouterr().out)["builder_cores"] == 224 - 8 * 3
     assert main(["--node-ram", "256GiB", "--node-cores", "224", "--node-tokens", "37B", "--hint-geometry", "record"]) == 2
@@ -149,14 +149,14 @@ def test_cli_plans_another_node(capsys):
 
 @pytest.mark.parametrize("threads_per_core", [1, 2, 3])
 def test_builder_threads_are_what_the_placement_leaves(threads_per_core):
-    """The plan's builder gets the hardware threads train/placement.py leaves the builder: each
-    rank's 1 + hint_workers threads take whole physical cores."""
+    """The plan's builder gets the physical cores train/placement.py leaves the builder (each
+    rank's 1 + hint_workers threads take whole physical cores), one worker thread per core."""
     from train.placement import plan_placement, synthetic_topology
     from train.plan import RECORD_HINT_WORKERS
     topo = synthetic_topology(2, 56, threads_per_core)
     placed = plan_placement(topo, [rank // 4 for rank in range(8)], 1 + RECORD_HINT_WORKERS)
-    p = node(2 * TiB, len(topo.cpus), B37, shm=TiB, threads_per_core=threads_per_core)
-    assert p.builder_cores == len(placed.builder_cpus)
+    p = node(2 * TiB, len(topo.cores), B37, shm=TiB, threads_per_core=threads_per_core)
+    assert p.builder_cores * threads_per_core == len(placed.builder_cpus) and p.builder_threads == p.builder_cores
     with pytest.raises(PlanError, match="--node-threads-per-core"):
         node(2 * TiB, 224, B37, shm=TiB, threads_per_core=0)
 
@@ -167,3 +167,39 @@ def test_bench_times_the_record_step_on_the_records_threads():
     from hints.bench import RECORD_THREADS
     from train.plan import RECORD_HINT_WORKERS
     assert RECORD_THREADS == RECORD_HINT_WORKERS
+
+
+def test_the_record_node_gets_the_articles_scale_and_fits(capsys):
+    """The article's node (1575 GiB, 64 cores x 2 threads, 35B tokens on disk): its 352 GiB table,
+    35B tokens, 48 builder threads (8 ranks keep 2 cores each for their 3 threads). No rate of this
+    repo's builder is recorded for its CPU class (hints/build_rates.json holds only rates `hints bench
+    --save-rate` measured), so the plan counts on the design floor and says the index would be ready
+    after the last step; at the article's builder rate (--build-rate) it would be ready at ~6.4 s."""
+    from train.plan import ARTICLE_TRAIN_S, BUILDER_START_S
+    assert main(["--node-ram", "1575GiB", "--node-cores", "64", "--node-threads-per-core", "2",
+                 "--node-tokens", "35B"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["hint_tokens"] == 35_000_000_000 and d["table_bytes"] == 352 * GiB and d["halvings"] == 0
+    assert d["geometry"] == dict(partition_bits=14, bucket_bits=14, slots=176, lengths=[6, 10, 20])
+    assert d["builder_threads"] == 48 and d["node"]["rank_cores_kept"] == 16
+    assert d["memory_bytes"] <= d["budget_bytes"] <= MAX_MEMORY_FRACTION * 1575 * GiB
+    assert d["build_rate"] == BUILD_TOKENS_PER_CORE_S and d["build_rate_source"].startswith("the design floor")
+    assert d["ready_s"] == pytest.approx(BUILDER_START_S + 35e9 / (48 * BUILD_TOKENS_PER_CORE_S))
+    assert d["train_seconds"] == ARTICLE_TRAIN_S and d["ready_before_last_step"] is False
+    assert "AFTER the last step" in d["reason"]
+    # the article's builder: 35B tokens in 6.36 s on 48 threads
+    assert main(["--node-ram", "1575GiB", "--node-cores", "64", "--node-tokens", "35B", "--build-rate", "114.6M"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert g["build_rate"] == 114.6e6 and g["build_rate_source"] == "given with --build-rate"
+    assert 6.3 < g["ready_s"] < 6.6 and g["ready_before_last_step"] is True and "before the last step" in g["reason"]
+
+
+def test_rates_file_round_trips_and_refuses_bad_entries(tmp_path):
+    from hints.rates import load_rates, save_rate
+    path = tmp_path / "rates.json"
+    assert load_rates(path) == {}
+    save_rate("CPU X", 1.5e8, "bench on CPU X", path)
+    assert load_rates(path) == {"CPU X": {"tokens_per_s_per_core": 1.5e8, "source": "bench on CPU X"}}
+    path.write_text('{"CPU Y": {"tokens_per_s_per_core": 0}}')
+    with pytest.raises(ValueError, match="rates.json.*CPU Y"):
+        load_rates(path)

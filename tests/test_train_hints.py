@@ -13,7 +13,8 @@ from data.loader import Batch, DistributedDataLoader
 from data.shards import write_shard
 from data.tokenizer import EOT_TOKEN
 from hints import Geometry, HintIndex
-from train.evaluate import ValHintCache, val_split
+from train.data import val_split
+from train.evaluate import ValHintCache
 from train.val_hints import pick_val_index
 from train.hint_prep import HintPrep
 

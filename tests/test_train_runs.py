@@ -187,7 +187,7 @@ def test_background_index_real_builder(corpus, tmp_path, mode):
         assert sent, "the builder process was never seen"
         assert s["val_index"] == "training" and s["hint_tokens_val"] == s["hint_tokens_train"] == 4 * 128
         assert "background index is not ready" in s["val_index_reason"]
-        late = ("starting", "running")  # paused before or after its first status write
+        late = ("starting", "armed", "running")  # paused before its first status write, armed, or building
         assert s["background"]["state"] in (("failed",) if mode == "killed" else late)
         assert [v["index"] for v in s["val_history"]] == ["training", "training"]
         if mode == "late":  # the final validation waited for it, and the wait is training time

@@ -1,8 +1,8 @@
 """Validation: loss with hints and without, over all ranks, and which index the hints come from.
 
-`read_val_tokens` reads the scored val stream; `val_split` gives each rank an equal run of whole
-batches of it. `evaluate` runs the model over this rank's share with hints from an index (their
-lookups cached per index state in a `ValHintCache` the run owns) and, when asked, without hints.
+`evaluate` runs the model over this rank's share of the val stream (`val_split`, train/data.py)
+with hints from an index (their lookups cached per index state in a `ValHintCache` the run owns)
+and, when asked, without hints.
 `validate` is one validation of a run: the index train/val_hints.py picks, both losses, a log line.
 In the record's representation (`record=True`) the hints are Cells (hints/cells.py): the index's
 `lookup_cells` over this rank's span as one segment (n-grams restart at its start and at every BOS),
@@ -13,10 +13,10 @@ import time
 import numpy as np
 import torch
 
-from data.loader import read_tokens
 from data.units import human_tokens
 from hints.cells import BOS
 from model import autocast_context
+from train.data import val_split
 from train.positional_hints import cells_to_arrays
 from train.val_hints import ValSource, pick_index, wait_for_background
 
@@ -24,18 +24,18 @@ from train.val_hints import ValSource, pick_index, wait_for_background
 VAL_FOLLOWERS = 8
 
 
-def read_val_tokens(val_files, n_tokens):
-    """The first n_tokens scored val tokens: n_tokens + 1 (the last is only a target)."""
-    return read_tokens(val_files, n_tokens + 1, strict=False)
-
-
-def val_split(n_val, seq_len, batch_size, rank, world_size):
-    """This rank's share of the val stream: (first sequence, sequences, batch size)."""
-    n_seq = max(n_val - 1, 0) // seq_len
-    per_rank = n_seq // world_size
-    bs = max(1, min(batch_size, per_rank))
-    per_rank = per_rank // bs * bs  # whole batches: one shape, one compiled graph
-    return rank * per_rank, per_rank, bs
+def val_hint_arrays(index, tokens, start, stop, record=False):
+    """The model's hint inputs for positions [start, stop) of a token stream, from `index`: a
+    tuple of arrays of stop - start rows, (n, K) int64 hinted tokens and kinds, each position's
+    n-grams read from the whole stream before it. Validation (ValHintCache) and generation
+    (train/inference.py) both call this, so a position gets the same hints in either.
+    record: the record's cells of tokens[start:stop] as one segment (the module docstring):
+    (n, F) followers, (n,) cells and (n, F) float32 counts."""
+    if record:
+        cells = index.lookup_cells(tokens[start:stop], max_followers=VAL_FOLLOWERS, boundary=BOS)
+        return tuple(a.reshape(stop - start, *a.shape[2:]) for a in cells_to_arrays(cells, 1, stop - start))
+    h = index.lookup_span(tokens, start, stop)
+    return tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
 
 
 class ValHintCache:
@@ -50,18 +50,12 @@ class ValHintCache:
         self.size, self.entries = size, {}
 
     def get(self, index, val_tokens, start, stop, record=False):
-        """The hints of val positions [start, stop) as arrays of n rows: (n, K) int64 hinted tokens
-        and kinds; record: (n, F) followers, (n,) cells and (n, F) float32 counts."""
+        """val_hint_arrays() of val positions [start, stop)."""
         key = (id(index), int(index.tokens_added), id(val_tokens), start, stop, record)
         hit = self.entries.get(key)
         if hit is not None:
             return hit[1]
-        if record:
-            cells = index.lookup_cells(val_tokens[start:stop], max_followers=VAL_FOLLOWERS, boundary=BOS)
-            arrays = tuple(a.reshape(stop - start, *a.shape[2:]) for a in cells_to_arrays(cells, 1, stop - start))
-        else:
-            h = index.lookup_span(val_tokens, start, stop)
-            arrays = tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
+        arrays = val_hint_arrays(index, val_tokens, start, stop, record)
         while len(self.entries) >= self.size:
             self.entries.pop(next(iter(self.entries)))
         self.entries[key] = (index, arrays)
@@ -96,7 +90,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
         with autocast_context(device):
             if also_without_hints:
                 sums[1] += model(x, y).double()
-            if index is not None:  # (tokens, kinds) or (followers, cells, weights), rows lo..hi of the span
+            if index is not None:  # val_hint_arrays' arrays, rows lo..hi of the span
                 hints = [torch.from_numpy(a[lo - start:hi - start]).view(bs, seq_len, *a.shape[1:]).to(device)
                          for a in arrays]
                 sums[0] += model(x, y, *hints).double()

@@ -1,7 +1,8 @@
 """Step timing and hint-work accounting: the training clock, the interval log line, the totals.
 
 The clock runs only while steps run: it stops (after a device sync) for validation and
-checkpoints, as the speedrun's clock does. Every step records its loss, how long the loop waited
+checkpoints, as the speedrun's clock does. Its first start releases the background index
+builder (`on_clock_start`): building the hint corpus is training-side work, on the clock. Every step records its loss, how long the loop waited
 for its prepared batch, and how long the prep thread spent looking up and adding hints.
 `interval_line()` averages the steps since the last line; `totals()` is what the summary and a
 checkpoint keep.
@@ -31,12 +32,18 @@ class Meter:
         self.val_history = list(saved.get("val_history", []))
         self.last_val = {}
         self.started = None
+        self.clock_start = None  # time.monotonic() when the clock first started (one clock for every process)
+        self.on_clock_start = []  # called once with it: the background builder's go (hints/background.py)
         self._new_interval()
 
     # -- the clock ----------------------------------------------------------------------------
     def start(self):
         self.d.sync()
         self.started = time.perf_counter()
+        if self.clock_start is None:
+            self.clock_start = time.monotonic()
+            for hook in self.on_clock_start:
+                hook(self.clock_start)
         self.interval_t0 = self.train_time()
 
     def stop(self):

@@ -14,6 +14,7 @@ from hints import n_kinds
 from hints.kinds import n_cells
 from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context,
                    build_optimizers, gpu_paths_enabled, lr_multiplier, muon_momentum)
+from model.device import torch_compile
 
 SPEEDRUN_COOLDOWN_FRAC = 0.4  # modded-nanogpt: constant lr, then linear cool-down over the last 40%
 LLMC_STEPS = 18_865           # llm.c GPT-2 124M: 10B tokens at 524,288 per step
@@ -83,13 +84,15 @@ def build_model(args, d, total):
     except ValueError as e:
         raise SystemExit(f"error: model: {e}") from None
     model = GPT(cfg).to(d.device)
+    if args.arch == "speedrun" and gpu_paths_enabled() and d.cuda:
+        model.cast_embeddings(torch.bfloat16)  # the record's bf16 embedding tables (before the optimizers)
     optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,
                                   grad_sync=args.grad_sync)
     compile_model = gpu_paths_enabled() if args.compile is None else args.compile
     if compile_model and args.compile_mode == "regions":
         train_model = model.compile_regions()  # in place: the same module, its blocks compiled
     else:
-        train_model = torch.compile(model, dynamic=False) if compile_model else model
+        train_model = torch_compile(model) if compile_model else model
     step = TrainStep(model, train_model, optimizers, total=total, grad_sync=args.grad_sync,
                      muon_warmup=args.muon_momentum_warmup, device=d.device,
                      compiled=args.compile_mode if compile_model else "off")

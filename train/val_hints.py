@@ -18,7 +18,8 @@ from hints import HintIndex
 from hints.cells import BOS
 from hints.positional import DEFAULT_CAP, PositionalIndex, exact_cells
 from hints.positional import MAGIC as POSITIONAL_MAGIC
-from hints.background import start_for_node
+from hints.background import BUILDING, start_for_node
+from train.data import val_split
 from train.placement import lower_priority
 
 def _is_positional(path):
@@ -61,6 +62,9 @@ def pick_val_index(background_ready, background_state, have_val_index, have_trai
 
 # Lookup threads per rank for a saved or background index (the index releases the GIL).
 VAL_LOOKUP_WORKERS = 4
+# The final validation checks this often whether the background index is ready: the wait is
+# training time, and a status read is one pread of a few hundred bytes.
+FINAL_WAIT_POLL_S = 0.002
 
 
 # The article's open rules question about exact validation hints, logged with every run that uses them.
@@ -104,7 +108,6 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
     if max_tokens <= 0:
         raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
                          f"give --hint-tokens > 0")
-    from train.evaluate import val_split  # here: train.evaluate imports this module
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
     if record:
         from train.evaluate import VAL_FOLLOWERS
@@ -164,11 +167,12 @@ def wait_for_background(background, bg_wait, dist, log):
     a builder that died before its first status write (which only the owner sees) costs no rank
     the whole wait."""
     waited = 0.0
-    if dist.master and background is not None and background.status()["state"] in ("starting", "running"):
-        log(f"final validation: waiting up to {bg_wait:.0f}s for the background index ({background.describe()}); "
+    if dist.master and background is not None and background.status()["state"] in BUILDING:
+        limit = "until it is ready or fails" if bg_wait == float("inf") else f"up to {bg_wait:.0f}s"
+        log(f"final validation: waiting {limit} for the background index ({background.describe()}); "
             f"the wait counts as training time")
         t0 = time.perf_counter()
-        background.wait(bg_wait)
+        background.wait(bg_wait, poll_s=FINAL_WAIT_POLL_S)
         waited = time.perf_counter() - t0
     return dist.broadcast(waited)
 
@@ -196,15 +200,56 @@ def pick_index(with_background, background, val_index, train_index, dist):
 
 
 
-def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, hint_workers, cpus, log):
+def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, hint_workers, cpus, log, workers=None,
+                     seal=True):
     """The node's background index: local rank 0 starts the builder (on `cpus`, else all but the
-    cores the ranks keep: one for the loop and hint_workers for the prep thread each), at a lower
-    priority than the ranks; the other local ranks attach. None where it could not start."""
+    cores the ranks keep: one for the loop and hint_workers for the prep thread each; `workers`
+    threads, default one per cpu), at a lower priority than the ranks; the other local ranks
+    attach. The builder only gets ready until the clock starts (arm_background). None where it
+    could not start."""
     background = start_for_node(hint_files, hint_tokens, lengths, f"nghints-{run_id}-n{dist.node}",
                                 owner=dist.local_rank == 0, barrier=dist.barrier, log=log,
-                                reserve_cpus=dist.local_world_size * (1 + hint_workers), geometry=geometry, cpus=cpus)
+                                reserve_cpus=dist.local_world_size * (1 + hint_workers), geometry=geometry, cpus=cpus,
+                                workers=workers, seal=seal)
     if background is not None:
         atexit.register(background.close)  # any exit, errors included, stops the build and frees its memory
         if background.process is not None:
             lower_priority(background.process.pid)  # training ranks first where cores are shared
     return background
+
+
+def arm_background(background, meter, dist, log, timeout_s=None):
+    """Before the clock: wait (untimed; at most timeout_s, None: until armed or failed) until the
+    owner's builder has reserved and pre-faulted its table and read its shards, then have the
+    clock's first start release it (meter.on_clock_start). Every rank passes the barrier at the
+    end, so the clock starts after the builder is armed. A builder still not armed gets its go
+    all the same and starts when it is (its build_started_s says how late)."""
+    if background is not None and background.process is not None:
+        state = background.wait_armed(timeout_s)
+        st = background.status()
+        pf = st.get("prefault") or {}
+        if state == "armed":
+            log(f"background hints: armed before the clock: table reserved and pre-faulted in {pf.get('seconds', 0):.2f}s "
+                f"on {pf.get('workers')} threads ({pf.get('how')}; huge pages asked: {pf.get('madvise_hugepage')}, "
+                f"kernel shmem THP mode {pf.get('thp_mode')}), {st.get('page_cache_bytes', 0) / 2**30:.2f} GiB of "
+                f"shards read into the page cache in {st.get('page_cache_s', 0):.2f}s; it hashes from the clock's start")
+        else:
+            log(f"background hints: the builder is {background.describe()} before the clock")
+        meter.on_clock_start.append(background.go)
+    dist.barrier()
+
+
+def record_verdict(attempt, final_val, background_status):
+    """(record_valid, reason) of a run: (None, None) when it is no record attempt (another preset, a
+    --no-hints baseline, a run without a background index). An attempt counts only when its final validation used the background
+    index, built on the clock (no token indexed before the clock started)."""
+    if not attempt:
+        return None, None
+    if final_val.get("index") != "background":
+        return False, f"the final validation did not use the background index ({final_val.get('index_reason')})"
+    done = (background_status or {}).get("tokens_done_at_clock_start")
+    if done is None:
+        return False, "the background builder's tokens at the clock's start were not measured"
+    if done:
+        return False, f"the background builder had indexed {done:,} tokens before the clock started"
+    return True, "the final validation used the background index, built from the clock's start"

@@ -1,0 +1,91 @@
+"""Plain-Python statement of llama.cpp's drafting rule and of its replay (llama-lookup-stats).
+
+Dicts of n-gram tuples to {follower: count}, read straight from the rule as docs/inference.md
+states it; hints/draft.py is the fast form and tests require the two to agree exactly.
+"""
+from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, NGRAM_MAX,
+                    NGRAM_MIN, NGRAM_STATIC, STATIC_MIN_PERCENT, STATIC_MIN_TOTAL, STATIC_WEIGHT)
+
+
+def count_ngrams(cache, seq, lengths, first=0):
+    """Add to cache the n-grams of the given lengths that end before each token seq[i], i >= first."""
+    for i in range(first, len(seq)):
+        for L in lengths:
+            if i >= L:
+                followers = cache.setdefault(tuple(seq[i - L:i]), {})
+                followers[seq[i]] = followers.get(seq[i], 0) + 1
+
+
+def static_cache(tokens):
+    cache = {}
+    count_ngrams(cache, [int(t) for t in tokens], (NGRAM_STATIC,))
+    return cache
+
+
+def pick_primary(cache, seq, static_part, min_total, min_percent):
+    for L in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+        if L > len(seq):
+            continue
+        followers = cache.get(tuple(seq[len(seq) - L:]))
+        if not followers:
+            continue
+        total = sum(followers.values())
+        scores = {y: c * (STATIC_WEIGHT * static_part[y] if y in static_part else 1) for y, c in followers.items()}
+        pick = min(scores, key=lambda y: (-scores[y], y))
+        if total >= min_total[L - 1] and 100 * followers[pick] >= min_percent[L - 1] * total:
+            return pick
+    return None
+
+
+def draft(seq, n_draft, context, dynamic, static):
+    """The tokens drafted after seq (a list of ids) from the three caches."""
+    seq = list(seq)
+    if len(seq) < NGRAM_STATIC:
+        return []
+    out = []
+    while len(out) < n_draft:
+        ext = seq + out
+        static_part = static.get(tuple(ext[-NGRAM_STATIC:]), {})
+        tok = pick_primary(context, ext, static_part, CONTEXT_MIN_TOTAL, CONTEXT_MIN_PERCENT)
+        if tok is None:
+            tok = pick_primary(dynamic, ext, static_part, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)
+        if tok is None and static_part:
+            total = sum(static_part.values())
+            best = min(static_part, key=lambda y: (-static_part[y], y))
+            if total >= STATIC_MIN_TOTAL and 100 * static_part[best] >= STATIC_MIN_PERCENT * total:
+                tok = best
+        if tok is None:
+            break
+        out.append(tok)
+    return out
+
+
+def replay(tokens, n_ctx, n_draft, static_tokens=None):
+    """(n_drafted, n_accept, n_chunks) of llama-lookup-stats over tokens."""
+    tokens = [int(t) for t in tokens]
+    static = static_cache(static_tokens) if static_tokens is not None else {}
+    dynamic = {}
+    drafted = accepted = chunks = 0
+    start = 0
+    while start + n_ctx < len(tokens):
+        chunk = tokens[start:start + n_ctx]
+        out, context = [chunk[0]], {}
+        while len(out) < n_ctx:
+            d = draft(out, n_draft, context, dynamic, static)
+            drafted += len(d)
+            for y in d:
+                if len(out) >= n_ctx or y != chunk[len(out)]:
+                    break
+                accepted += 1
+                out.append(y)
+                count_ngrams(context, out, range(NGRAM_MIN, NGRAM_MAX + 1), len(out) - 1)
+            if len(out) < n_ctx:
+                out.append(chunk[len(out)])
+                count_ngrams(context, out, range(NGRAM_MIN, NGRAM_MAX + 1), len(out) - 1)
+        for ngram, followers in context.items():
+            merged = dynamic.setdefault(ngram, {})
+            for y, c in followers.items():
+                merged[y] = merged.get(y, 0) + c
+        chunks += 1
+        start += n_ctx
+    return drafted, accepted, chunks

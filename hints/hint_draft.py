@@ -1,0 +1,186 @@
+"""Drafting from this repo's own hint index (`--policy hints`): llama.cpp's context and dynamic
+caches (hints/draft.py), with the 6/10/20-gram index as the static part.
+
+A drafted token after the sequence seq[:k] comes from, in order:
+  1. the context cache at lengths 4..1 with llama.cpp's thresholds (no static weighting: the
+     index answers only each n-gram's top follower, not every follower's count);
+  2. the dynamic cache the same way;
+  3. the index's hint for the n-gram ending at seq[k - 1], at the longest length whose count
+     reaches MIN_COUNT and whose purity (the hinted follower's share) reaches MIN_PURITY.
+The order (index last, as llama.cpp's static cache) and the two thresholds were chosen by
+measurement on held-out standard-library text (docs/inference.md, "Choosing the hints policy"):
+of 36 settings, the one with the most accepted drafts among those whose acceptance is at least
+llama.cpp's rule's on the same text. `index_first=True` puts the index before the caches.
+
+The replay looks the index up one position at a time from inside Numba, through the sealed
+index's own search kernel (hints.lookup.lookup_sorted) on its arrays: no Python per token.
+"""
+import time
+
+import numba
+import numpy as np
+
+from . import lookup as lookup_kernels
+from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_last,
+                    add_range, cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into,
+                    new_cache, try_primary)
+
+# Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
+# the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
+MIN_COUNT = 2
+MIN_PURITY = 0.9
+INDEX_FIRST = False
+
+
+def sealed_index(index, log=print):
+    """index, sealed: a saved index is sealed already; an unsealed one is read into memory and sealed."""
+    if index.sealed:
+        return index
+    from .index import HintIndex
+    if index.readonly:
+        log(f"hint index {index.path}: unsealed; reading it into memory to seal it for drafting")
+        index = HintIndex.load(index.path, mmap=False, workers=index.workers)
+    return index.seal()
+
+
+class IndexArgs:
+    """The arrays of a sealed index and one worker's scratch, as lookup_sorted takes them."""
+
+    def __init__(self, index, n):
+        index = sealed_index(index)
+        g = index.geom
+        sc = lookup_kernels.new_scratch(g.n_lengths, g.slots)
+        summary, side_off, side = index._side
+        self.index = index
+        self.table = (np.asarray(index.table), summary, side_off, side, index._lengths, index._pows, g.partition_bits,
+                      g.bucket_bits, index._bits, index._shifts)
+        self.scratch = (sc["toks"], sc["keys"], sc["parts"], sc["order"], sc["spare"], sc["hist"], sc["prefix"],
+                        sc["small_i"], sc["small_u"])
+        self.out = (np.zeros((g.n_lengths, n), np.int32), np.zeros((g.n_lengths, n), np.int32),
+                    np.zeros((g.n_lengths, n), np.int32))
+
+
+@numba.njit(cache=True)
+def index_pick(seq, k, ix, sc, out, min_count, min_purity_pct):
+    """The index's draft after seq[:k] (the n-gram ending at seq[k - 1]), or -1: the longest
+    length with count >= min_count and 100 * top >= min_purity_pct * count."""
+    if k < ix[4][0]:
+        return -1
+    out_tok, out_cnt, out_top = out
+    lookup_kernels.lookup_sorted(k - 1, k, seq, ix[0], ix[1], ix[2], ix[3], ix[4], ix[5], ix[6], ix[7], ix[8], ix[9],
+                                 out_tok, out_cnt, out_top, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7],
+                                 sc[8])
+    for j in range(out_tok.shape[0] - 1, -1, -1):
+        c = np.int64(out_cnt[j, k - 1])
+        if c >= min_count and 100 * np.int64(out_top[j, k - 1]) >= min_purity_pct * c:
+            return np.int64(out_tok[j, k - 1])
+    return -1
+
+
+@numba.njit(cache=True)
+def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
+    """Draft up to n_draft tokens after seq[:m] into seq[m:] by the hints policy; returns how many.
+    index_first: the index before the context and dynamic caches (else after them)."""
+    for i in range(n_draft):
+        k = m + i
+        tok = index_pick(seq, k, ix, sc, out, min_count, min_purity_pct) if index_first else -1
+        if tok < 0:
+            tok = try_primary(ctx, seq, k, 0, 0, st, CONTEXT_MIN_TOTAL, CONTEXT_MIN_PERCENT)
+        if tok < 0:
+            tok = try_primary(dyn, seq, k, 0, 0, st, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)
+        if tok < 0 and not index_first:
+            tok = index_pick(seq, k, ix, sc, out, min_count, min_purity_pct)
+        if tok < 0:
+            return i
+        seq[k] = tok
+    return n_draft
+
+
+@numba.njit(cache=True)
+def replay_chunk_hints(chunk, n_draft, seq, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
+    """replay_chunk (hints/draft.py) with the hints policy's drafts."""
+    n_ctx = chunk.shape[0]
+    seq[0] = chunk[0]
+    m = 1
+    drafted, accepted = 0, 0
+    while m < n_ctx:
+        d = draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first)
+        drafted += d
+        for j in range(d):
+            if m >= n_ctx or seq[m] != chunk[m]:
+                break
+            accepted += 1
+            m += 1
+            ctx = add_last(ctx, seq, m)
+        if m < n_ctx:
+            seq[m] = chunk[m]
+            m += 1
+            ctx = add_last(ctx, seq, m)
+    return drafted, accepted, ctx
+
+
+def purity_pct(min_purity):
+    return int(round(100 * min_purity))
+
+
+def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST,
+                 progress=None):
+    """llama-lookup-stats's replay with the hints policy; the same dict as hints.draft.replay."""
+    tokens = check_tokens(tokens, "tokens")
+    ia = IndexArgs(index, n_ctx + n_draft + 1)
+    st = empty_static()
+    ctx, dyn = cache_for_tokens(n_ctx), new_cache()
+    seq = np.zeros(n_ctx + n_draft + 1, np.int64)
+    drafted = accepted = chunks = 0
+    draft_s = merge_s = 0.0
+    # compile (or load from Numba's cache) for these argument types before anything is timed
+    merge_into(new_cache(), replay_chunk_hints(tokens[:2], n_draft, seq, new_cache(), new_cache(), st, ia.table,
+                                               ia.scratch, ia.out, min_count, purity_pct(min_purity), index_first)[2])
+    for start in range(0, tokens.size, n_ctx):
+        if start + n_ctx >= tokens.size:
+            break
+        clear_cache(ctx)
+        t0 = time.perf_counter()
+        d, a, ctx = replay_chunk_hints(tokens[start:start + n_ctx], n_draft, seq, ctx, dyn, st, ia.table, ia.scratch,
+                                       ia.out, min_count, purity_pct(min_purity), index_first)
+        t1 = time.perf_counter()
+        dyn = merge_into(dyn, ctx)
+        merge_s += time.perf_counter() - t1
+        draft_s += t1 - t0
+        drafted, accepted, chunks = drafted + d, accepted + a, chunks + 1
+        if progress is not None:
+            progress.update(n_ctx)
+    return dict(n_drafted=int(drafted), n_accept=int(accepted), n_chunks=chunks, draft_s=draft_s, merge_s=merge_s,
+                dynamic_bytes=cache_nbytes(dyn))
+
+
+class HintDrafter:
+    """The hints policy for generation: draft(seq, n) drafts after the sequence seq."""
+
+    def __init__(self, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST):
+        self.ia = IndexArgs(index, 1)
+        self.index_first = index_first
+        self.min_count, self.min_purity = min_count, purity_pct(min_purity)
+        self.static, self.dynamic, self.context = empty_static(), new_cache(), new_cache()
+        self.seen = 0
+        self.buf = np.zeros(0, np.int64)
+
+    def reset(self):
+        """Start a new sequence (the context cache forgets the last one)."""
+        clear_cache(self.context)
+        self.seen = 0
+
+    def draft(self, seq, n_draft):
+        """Up to n_draft tokens after the 1-D token sequence seq (which extends the last one seen)."""
+        seq = check_tokens(seq, "sequence")
+        n = seq.size + n_draft + 1
+        if self.buf.size < n:
+            self.buf = np.zeros(2 * n, np.int64)
+            K = self.ia.out[0].shape[0]
+            self.ia.out = tuple(np.zeros((K, 2 * n), np.int32) for _ in range(3))
+        self.buf[:seq.size] = seq
+        self.context = add_range(self.context, self.buf, self.seen + 1, seq.size)
+        self.seen = max(self.seen, seq.size)
+        d = draft_hints(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, self.ia.table,
+                        self.ia.scratch, self.ia.out, self.min_count, self.min_purity, self.index_first)
+        return self.buf[seq.size:seq.size + d].copy()
