@@ -2,12 +2,15 @@
 
 set up -> data -> model -> hint indexes -> resume -> warm-up -> the loop -> summary.
 
-Training-time hints come only from tokens already trained on: every rank grows a small index
-with each step's global batch after looking up that step's hints (train/hint_prep.py, in a
-thread ahead of the GPU). Validation reports loss with and without hints, with hints from the
-large index a separate process builds from training shards while the GPUs train, from the
-clock's start (hints/background.py, docs/record.md), else --val-index, else the training index
-(train/evaluate.py). The record preset validates once, at the end, waiting for that index.
+Training-time hints come only from tokens already trained on (train/hint_prep.py, in a thread
+ahead of the GPU): with --hint-repr record from one exact positional index per node over the known
+training stream, built by local rank 0 in phases and mapped by the other ranks
+(train/positional_hints.py); with "lengths" (every preset's) every rank grows a small index with
+each step's global batch after looking up that step's hints. Validation reports loss with and
+without hints, with hints from the large index a separate process builds from training shards
+while the GPUs train, from the clock's start (hints/background.py, docs/record.md), else
+--val-index, else the training index (train/evaluate.py). The record preset validates once, at the
+end, waiting for that index.
 docs/design.md explains the whole; --help lists every flag.
 
     python train_gpt.py --preset demo                               # CPU, one process
@@ -31,7 +34,7 @@ from data.units import human_tokens, parse_token_count
 from hints import Geometry, HintIndex
 from hints.index import compile_kernels
 from hints.geometry import DEFAULT_LENGTHS, parse_lengths
-from model import RECORD_BACKBONE, gpu_paths_enabled
+from model import HINT_REPRS, RECORD_BACKBONE, gpu_paths_enabled
 from model.gpt import ATTN_BLOCK_SIZE
 from train import checkpoint
 from train.common import REPO_DIR, init_dist, keep_freed_memory, new_run_id, open_log
@@ -41,6 +44,7 @@ from train.hint_prep import HintPrep
 from train.meter import Meter
 from train.placement import pin_cuda_rank
 from train.step import LLMC_STEPS, build_model
+from train.positional_hints import PositionalHints, node_directory
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
                         RECORD_STEPS,
                         add_plan_args, plan_for_run, train_index_geometry)
@@ -63,6 +67,10 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # before (the article: 28 s), and later hints are dropped, not wrong. A short run gets a small one.
 LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
+# Every preset's hint representation: "lengths" won the CPU A/B (docs/hints_ab.md) on both corpora,
+# every seed, at 40 and 150 steps, so it stays the default and the record preset's too; "record"
+# (the record's cells and its positional index) is one flag away: --hint-repr record.
+DEFAULT_HINT_REPR = "lengths"
 
 PRESETS = {
     # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, 270
@@ -77,6 +85,7 @@ PRESETS = {
                    val_batch_size=None, train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
                    hint_tokens=None,  # None: the plan's (train/plan.py), up to the article's 35B
                    hint_workers=RECORD_HINT_WORKERS, bg_wait=float("inf"), warmup_steps=10, log_every=10,
+                   hint_repr=DEFAULT_HINT_REPR,
                    bg_seal=False),  # ready as soon as built: sealing is a pass over the table on the clock, and
                                     # only speeds up the validation's lookups, which are off it
     # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
@@ -87,7 +96,7 @@ PRESETS = {
                  val_tokens=32_768, val_every=150, val_batch_size=8,
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                  hint_tokens=16_000_000,  # more than the corpus holds (~14M): the whole training split
-                 hint_workers=1, bg_wait=120.0, warmup_steps=0, log_every=10),
+                 hint_workers=1, bg_wait=120.0, warmup_steps=0, log_every=10, hint_repr=DEFAULT_HINT_REPR),
     # The article's second result: llm.c's GPT-2 124M recipe (AdamW, 64 x 1024 tokens per rank =
     # 524,288 per step on 8 GPUs, 700 warm-up steps of 18,865 for 10B tokens) with hints of four
     # lengths, one shorter than 6, from the largest FineWeb100B corpus the node holds (the plan).
@@ -98,7 +107,8 @@ PRESETS = {
                  train_files="data/fineweb10B/fineweb_train_*.bin", val_files="data/fineweb10B/fineweb_val_*.bin",
                  hint_files="data/fineweb100B/fineweb_train_*.bin", hint_tokens=None,
                  hint_workers=RECORD_HINT_WORKERS, bg_wait=0.0, warmup_steps=10, log_every=10,
-                 train_index_max_tokens=LLMC_TRAIN_INDEX_TOKENS, grad_sync="overlap", compile_mode="regions"),
+                 train_index_max_tokens=LLMC_TRAIN_INDEX_TOKENS, grad_sync="overlap", compile_mode="regions",
+                 hint_repr=DEFAULT_HINT_REPR),
 }
 PLANNED_PRESETS = ("record", "llmc")  # their background index is sized to the node by train/plan.py
 
@@ -158,6 +168,9 @@ def parse_args(argv=None):
     g = p.add_argument_group("hints")
     g.add_argument("--no-hints", action="store_true", help="train without hints (ablation)")
     g.add_argument("--hint-lengths", type=parse_lengths, help="n-gram lengths, e.g. 6,10,20")
+    g.add_argument("--hint-repr", choices=HINT_REPRS, help="lengths: one hint per length from a per-rank growing "
+                   "index (every preset's); record: the speedrun record's, one cell per position at the deepest match "
+                   "and its followers, from one exact positional index per node (docs/hints_ab.md)")
     g.add_argument("--train-index-geometry", help="training-time index geometry: auto (sized for the run's "
                    "training tokens), a preset or P,B,S (default: the preset's, else auto)")
     g.add_argument("--hint-files", help="shards the background index is built from (default: --train-files)")
@@ -202,6 +215,9 @@ def parse_args(argv=None):
     if args.window_attn and args.seq_len % args.attn_block_size:
         p.error(f"argument --window-attn: --seq-len {args.seq_len} must be a multiple of --attn-block-size "
                 f"{args.attn_block_size}")
+    if args.switch_hints_at and args.hint_repr == "record":
+        p.error("argument --switch-hints-at: serves --hint-repr lengths only (the record's training hints come "
+                "from the positional index)")
     if args.bg_wait < 0:
         p.error(f"argument --bg-wait: {args.bg_wait}: expected seconds >= 0")
     return args
@@ -249,13 +265,23 @@ def main(argv=None):
         f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale}, {train_step.describe()}")
 
     # -- hint indexes ------------------------------------------------------------------------------
-    geom = None if args.no_hints else train_index_geometry(args, total * global_batch)
+    record = args.hint_repr == "record"
+    geom = None if args.no_hints or record else train_index_geometry(args, total * global_batch)
     index = HintIndex(geom, workers=args.hint_workers) if geom else None
-    log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
-    if geom or args.val_index or args.val_hints == "background":
+    positional = None
+    if record and not args.no_hints:  # one per node: local rank 0 builds it, every rank maps it
+        positional = PositionalHints(node_directory(run_id, d.node), B, T, d.rank, d.world_size, lengths)
+        if d.local_rank == 0:
+            positional.start_build(train_files, total, args.align_documents, log)
+        log(f"training-time hints (record): one exact positional index per node over the run's {total} steps, "
+            f"built by local rank 0 in phases; lookups see the tokens before their step (cap {positional.cap}, "
+            f"{positional.max_followers} followers)")
+    else:
+        log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
+    if geom or positional or args.val_index or args.val_hints == "background":
         log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
             f"Numba's cache; untimed)")
-    val_index = open_val_index(args.val_index, lengths, log) if args.val_index else None
+    val_index = open_val_index(args.val_index, lengths, log, record=args.hint_repr == "record") if args.val_index else None
     background, exact, builder_cpus = None, None, None
     with_background = args.val_hints == "background" and args.hint_tokens > 0
     if args.switch_hints_at and (not with_background or set(resolve_files(hint_files)) & set(resolve_files(train_files))):
@@ -271,7 +297,7 @@ def main(argv=None):
                                       seal=getattr(args, "bg_seal", True))
     if args.val_hints != "background":
         exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
-                                      batch_size=args.val_batch_size, dist=d, log=log)
+                                      batch_size=args.val_batch_size, dist=d, log=log, record=record)
 
     # -- resume ------------------------------------------------------------------------------------
     start_step, tail, saved = 0, None, {}
@@ -285,14 +311,15 @@ def main(argv=None):
 
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
-        warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else None
+        warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else (
+            positional.trained(1) if positional else None)  # hints for the warm-up's validation graph
         warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size,
                                               align_to_documents=args.align_documents),
-                        warm_index, d.rank, d.world_size, pin=d.cuda)
+                        None if positional else warm_index, d.rank, d.world_size, pin=d.cuda, positional=positional)
         seconds = warm_up_and_undo(
             model, optimizers, lambda i: train_step(warm.prepare(), start_step + i), args.warmup_steps,
             lambda: evaluate(train_model, val_tokens[:T * d.world_size * args.val_batch_size + 1], warm_index,
-                             seq_len=T, batch_size=args.val_batch_size, dist=d), d)
+                             seq_len=T, batch_size=args.val_batch_size, dist=d, record=record), d)
         log(f"warm-up: {args.warmup_steps} steps in {seconds:.1f}s (untimed, then undone)")
 
     # -- the loop: sync points (validation, checkpoints) stop the clock and the prep thread ----------
@@ -306,7 +333,8 @@ def main(argv=None):
     meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
     if with_background:  # the builder gets ready before the clock and hashes from its start
         arm_background(background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
-    prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail).start(limit=next_sync(start_step))
+    prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail,
+                    positional=positional).start(limit=next_sync(start_step))
     try:
         prep.wait_filled()  # the queue starts full, as the speedrun's clock would want
         meter.start()
@@ -317,9 +345,10 @@ def main(argv=None):
                 if step in val_steps:
                     meter.record_val(step, validate(train_model, val_tokens, step=step, total=total,
                                                     with_background=with_background, background=background,
-                                                    bg_wait=args.bg_wait, val_index=val_index, train_index=index,
+                                                    bg_wait=args.bg_wait, val_index=val_index,
+                                                    train_index=positional.trained(step) if positional else index,
                                                     seq_len=T, batch_size=args.val_batch_size, dist=d, cache=cache,
-                                                    log=log, exact=exact), log)
+                                                    log=log, exact=exact, record=record), log)
                 if step in ckpt_steps:
                     t0, path = time.perf_counter(), checkpoint.step_path(args.save_checkpoint, step, step == total)
                     checkpoint.save_run(path, step, d, model=model, optimizers=optimizers, loader=loader,
@@ -360,7 +389,10 @@ def main(argv=None):
         log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
         world_size=d.world_size, device=str(d.device), resumed_from_step=start_step if args.resume else None,
         seq_len=T, batch_size=B, hint_lengths=list(lengths), hint_kinds=cfg.n_hint_kinds, no_hints=args.no_hints,
-        hint_tokens_train=int(index.tokens_added) if index is not None else 0,
+        hint_tokens_train=int(index.tokens_added) if index is not None else (
+            total * global_batch if positional is not None else 0), hint_repr=args.hint_repr,
+        positional_build_s=positional.build_s if positional is not None else None,
+        positional_phases=positional.phases if positional is not None else None,
         background=bg_status, record_valid=record_valid, record_reason=record_reason, val_hint_path=args.val_hints,
         val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
         hints_switched_at_step=meter.switched_at,

@@ -1,4 +1,4 @@
-"""`python -m hints build|lookup|stats|bench|exact-bench|scaling|draft-stats`: the hint index from the command line."""
+"""`python -m hints build|lookup|stats|bench|positional-bench|exact-bench|scaling|draft-stats`: the hint index from the command line."""
 import argparse
 import json
 import os
@@ -11,6 +11,7 @@ from tqdm import tqdm
 from data.loader import SPEEDRUN_VAL_TOKENS
 from data.units import parse_token_count
 
+from .cells import BOS
 from .geometry import DEFAULT_LENGTHS, PRESETS, Geometry, parse_lengths
 from .index import HintIndex
 from .stats import format_stats, hint_stats
@@ -63,6 +64,11 @@ def cmd_lookup(args):
         print(f"{t:>3}  {enc.decode([int(toks[t])])!r:<14} " + "  ".join(cells))
 
 
+def boundary_arg(args):
+    """--boundaries: 'bos' (n-grams restart at every BOS, the default) or 'none'."""
+    return BOS if args.boundaries == "bos" else None
+
+
 def cmd_stats(args):
     idx = HintIndex.load(args.index, mmap=True, verify=args.verify, workers=args.workers)
     s = idx.stats()
@@ -77,7 +83,7 @@ def cmd_stats(args):
         n = count_tokens(args.tokens, args.max_tokens)
         toks = read_all(args.tokens, args.max_tokens)
         with tqdm(total=max(0, n - 1), unit="pos", unit_scale=True, desc="stats") as bar:
-            st = hint_stats(idx, toks, progress=bar)
+            st = hint_stats(idx, toks, progress=bar, boundary=boundary_arg(args))
         print(format_stats(st, per_kind=not args.no_kinds))
         if args.json:
             with open(args.json, "w") as f:
@@ -137,6 +143,19 @@ def cmd_bench(args):
         print(f"recorded {p['rate_per_thread'] / 1e6:.1f}M tok/s per core for {cpu_model()}: {entry['source']}")
 
 
+def cmd_positional_bench(args):
+    from .positional_bench import run_positional_bench
+    args.query, args.query_tokens = None, 1
+    train, _, _, source = bench_tokens(args)
+    print(f"corpus: {source}")
+    res = run_positional_bench(train, steps=args.steps, rank_tokens=args.rank_tokens, world=args.world,
+                               prefill=args.prefill, compare=not args.no_compare)
+    res["corpus"] = source
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def cmd_exact_bench(args):
     from .exact_bench import format_exact_table, run_exact_bench
     train, query, _, _ = bench_tokens(args)
@@ -151,7 +170,11 @@ def cmd_scaling(args):
     val = read_all(args.val, args.val_tokens)
     geom = Geometry.parse(args.geometry, max_tokens, args.lengths)
     print(f"hint-corpus ladder {[f'{n:,}' for n in sizes]} over {args.train}; {val.size:,} validation tokens")
-    run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers)
+    run_scaling(args.train, val, sizes, args.out, geometry=geom, workers=args.workers, boundary=boundary_arg(args))
+
+
+BOUNDARIES_HELP = ("document boundaries: 'bos' (default) restarts n-grams at every BOS token (GPT-2's "
+                   "<|endoftext|>), as training and validation lookups do; 'none' lets them run across documents")
 
 
 def cmd_draft_stats(args):
@@ -193,6 +216,7 @@ def main(argv=None):
     common(p, tokens_required=False)
     p.add_argument("--verify", action="store_true", help="also verify the data checksum (reads the whole file)")
     p.add_argument("--no-kinds", action="store_true", help="omit the per-kind table")
+    p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.add_argument("--json", default=None, help="write the numbers to this JSON file")
     p.set_defaults(fn=cmd_stats)
 
@@ -218,6 +242,21 @@ def main(argv=None):
                    "host row agrees within 15%% (the reproducibility criterion)")
     p.set_defaults(fn=cmd_bench)
 
+    p = sub.add_parser("positional-bench", help="training-time hint work per rank per step at the record's shape: the "
+                       "exact positional index (lookup_cells) against today's growing index (lookup + add), "
+                       "alternated; and the positional index's build time per phase")
+    common(p, tokens_required=False)
+    p.add_argument("--corpus", choices=("stdlib", "prose"), default="stdlib",
+                   help="without --tokens: Python's standard-library source or the man-pages prose corpus")
+    p.add_argument("--steps", type=int, default=10, help="steps timed (each alternates new and today's)")
+    p.add_argument("--rank-tokens", type=int, default=16_384, help="tokens per rank per step (the record's 16,384)")
+    p.add_argument("--world", type=int, default=8, help="ranks (the record's 8: 131,072 tokens a step)")
+    p.add_argument("--prefill", type=parse_token_count, default=12_000_000,
+                   help="tokens already trained on when the timed steps start (the record's shape: 12M)")
+    p.add_argument("--no-compare", action="store_true", help="time the positional index only")
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_positional_bench)
+
     p = sub.add_parser("exact-bench", help="time hints for a validation stream: index build + lookup vs exact "
                        "count (torch on CPU; Triton: interpreter for correctness, GPU when present)")
     common(p, tokens_required=False)
@@ -238,6 +277,7 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", default="runs/scaling", help="output directory")
+    p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.set_defaults(fn=cmd_scaling)
 
     from .draft_stats import add_draft_stats_args

@@ -30,6 +30,7 @@ from . import kernels, store
 from . import lookup as lookup_kernels
 from .parallel import line_aligned, run_ranges, run_split
 from .geometry import MAX_TOKEN, SLOTS_PER_LINE, Geometry, _human
+from .cells import BOS
 from .kinds import kind_of
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
@@ -415,6 +416,12 @@ class HintIndex:
     def lookup(self, tokens):
         """Hints for every position t of a 1-D token array (n-gram tokens[t-L+1..t])."""
         return self.lookup_counts(tokens, hints=True)
+
+    def lookup_cells(self, tokens, max_followers=8, boundary=BOS):
+        """The record's cells of every position of `tokens` (hints.cells; hints.index_cells says how):
+        `tokens` is one segment, its n-grams restarting at its start and at every `boundary` token."""
+        from .index_cells import index_cells
+        return index_cells(self, tokens, max_followers, boundary)
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:

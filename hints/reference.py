@@ -1,18 +1,21 @@
-"""Plain-Python references: the naive exact builder, and a slot-level model of the index.
+"""Plain-Python references: the naive exact builder, the record's cells, and a slot-level model of the index.
 
 `ReferenceIndex` is the article's naive hint builder: a dict per length from the n-gram
 (a tuple of token ids) to the list of tokens that followed it. It counts exactly, so it
 defines what a lookup should return; `python -m hints bench` times it against the Numba
 build. `reference_slots` replays the index's hashing and first-bucket/second-bucket/drop
 placement one position at a time, so tests can compare the Numba table byte for byte,
-drops included, and find checksum collisions.
+drops included, and find checksum collisions. `reference_cells` defines the record's
+representation (hints.cells): the deepest match among the `cap` most recent earlier occurrences
+before a stream position, with document boundaries; every source of Cells is tested against it.
 """
 import numpy as np
 
 from . import kernels
 from .geometry import DEFAULT_LENGTHS
 from .index import Hints
-from .kinds import kind_of
+from .cells import BOS, Cells, check_boundary
+from .kinds import cell_of, kind_of
 
 M64 = (1 << 64) - 1
 _MULT = int(kernels.HASH_MULT)
@@ -72,6 +75,74 @@ class ReferenceIndex:
                 purity[k, t] = np.float32(counts[best] / total)
                 kind[k, t] = kind_of.py_func(k, total, counts[best])
         return Hints(token=token, count=count, purity=purity, kind=kind)
+
+
+# ---- the record's cells ----------------------------------------------------------------------
+
+def reference_reach(tokens, boundary=BOS, segment=0):
+    """Reach of every position (hints.cells.reach's rule, uncapped): tokens of its segment up to
+    and including it; segments start at 0, at multiples of `segment` (0: none) and at each BOS."""
+    boundary = check_boundary(boundary)
+    out, start = [], 0
+    for t, x in enumerate(tokens):
+        if (segment and t % segment == 0) or int(x) == boundary:
+            start = t
+        out.append(t - start + 1)
+    return out
+
+
+def reference_cells(stream, query, before=None, cap=None, max_followers=8, lengths=DEFAULT_LENGTHS,
+                    boundary=BOS, segment=0):
+    """Cells of every position of `query` against the occurrences in `stream`, by brute force.
+
+    An occurrence is a stream position j whose shortest n-gram exists (stream reach >= lengths[0],
+    segments of `segment` tokens and BOS restarts) and whose follower stream[j + 1] lies before
+    `before` (None: the stream's end). Query position t (one segment: the query array, BOS
+    restarts) is resolved against the `cap` most recent occurrences (None: all) of its shortest
+    n-gram: a candidate matches min(tokens agreeing backward from j and t, both reaches, the
+    longest length) deep; depth is the deepest length any reaches; the cell counts the
+    candidates reaching that length and their followers."""
+    s = [int(x) for x in stream]
+    q = [int(x) for x in query]
+    lengths = tuple(int(v) for v in lengths)
+    L0, Lmax = lengths[0], lengths[-1]
+    end = len(s) if before is None else min(len(s), int(before))
+    rs, rq = reference_reach(s, boundary, segment), reference_reach(q, boundary)
+    occ = {}
+    for j in range(len(s)):
+        if rs[j] >= L0 and j + 1 < end:
+            occ.setdefault(tuple(s[j - L0 + 1:j + 1]), []).append(j)
+    n, F = len(q), int(max_followers)
+    depth = np.full(n, -1, np.int8)
+    count = np.zeros(n, np.int32)
+    followers = np.full((n, F), -1, np.int32)
+    fcounts = np.zeros((n, F), np.int32)
+    for t in range(n):
+        if rq[t] < L0:
+            continue
+        found = occ.get(tuple(q[t - L0 + 1:t + 1]), [])
+        if cap is not None:
+            found = found[len(found) - min(len(found), int(cap)):]
+        if not found:
+            continue
+        matched = []
+        for j in found:
+            a = 0
+            while a < Lmax and j - a >= 0 and t - a >= 0 and s[j - a] == q[t - a]:
+                a += 1
+            matched.append((min(a, rq[t], rs[j]), s[j + 1]))
+        deepest = max(m for m, _ in matched)
+        d = max(k for k, L in enumerate(lengths) if L <= deepest)
+        tally = {}
+        for m, x in matched:
+            if m >= lengths[d]:
+                tally[x] = tally.get(x, 0) + 1
+        ranked = sorted(tally.items(), key=lambda kv: (-kv[1], kv[0]))[:F]
+        depth[t], count[t] = d, sum(tally.values())
+        for f, (x, c) in enumerate(ranked):
+            followers[t, f], fcounts[t, f] = x, c
+    return Cells(depth=depth, count=count, followers=followers, follower_counts=fcounts,
+                 kind=cell_of(depth, count, fcounts[:, 0]))
 
 
 # ---- slot-level model ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ pass to evaluate a checkpoint's validation loss at every size.
 
 from data.units import human_tokens
 
+from .cells import BOS, describe_boundary
 from .geometry import Geometry
 from .index import HintIndex
 from .report import markdown_table, write_report
@@ -120,26 +121,27 @@ def plot_buckets(rows):
     return draw
 
 
-def write_scaling(rows, out_dir):
-    table = scaling_table(rows)
-    write_report(out_dir, "scaling", rows, table,
+def write_scaling(rows, out_dir, boundary=BOS):
+    table = scaling_table(rows) + f"\n\n{describe_boundary(boundary)}"
+    write_report(out_dir, "scaling", rows, table, boundary=describe_boundary(boundary),
                  plots=[("scaling.png", plot_coverage(rows)), ("scaling_buckets.png", plot_buckets(rows))])
     return table
 
 
-def run_scaling(train_files, val_tokens, sizes, out_dir, geometry=None, workers=2, log=print):
+def run_scaling(train_files, val_tokens, sizes, out_dir, geometry=None, workers=2, log=print, boundary=BOS):
     from tqdm import tqdm
     stats = []
+    log(describe_boundary(boundary))
 
     def measure(idx, n):
-        st = hint_stats(idx, val_tokens)
+        st = hint_stats(idx, val_tokens, boundary=boundary)
         cov = ", ".join(f"{L}-gram {c / max(1, st['positions']):.2%}" for L, c in zip(st["lengths"], st["covered"]))
         log(f"  {human_tokens(n):>6} hint tokens: coverage {cov}")
         stats.append((n, st))
 
     with tqdm(total=max(sizes), unit="tok", unit_scale=True, desc="hint corpus") as bar:
         run_ladder(train_files, sizes, measure, geometry=geometry, workers=workers, progress=bar)
-    table = write_scaling(scaling_rows(stats), out_dir)
+    table = write_scaling(scaling_rows(stats), out_dir, boundary)
     log(table)
     log(f"wrote {out_dir}/scaling.md, .json, .csv, .png, scaling_buckets.png")
     return stats

@@ -3,19 +3,24 @@ per length, per kind, per count bucket and per purity bucket, for a token stream
 
 The hint at position t is for the token at t+1, so the last position of a stream is not
 scored. Long streams are looked up in chunks (HintIndex.lookup_span), so every scored
-position sees its whole n-gram.
+position sees its whole n-gram. Document boundaries apply (hints.cells): by default an n-gram
+restarts at every BOS, and the stats say which rule they used.
 """
 import numpy as np
 
+from .cells import BOS, check_boundary, describe_boundary, mask_hints
 from .kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, count_bucket_label, kind_parts, n_kinds, purity_bucket_label
 
 STATS_CHUNK = 1 << 22  # positions per lookup call: bounds the memory of stats on long streams
 
 
-def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None):
-    """Counts of scored positions, hinted positions and correct hints, per length and per kind."""
+def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None, boundary=BOS):
+    """Counts of scored positions, hinted positions and correct hints, per length and per kind,
+    with n-grams restarting at every `boundary` token (None: no restarts)."""
     tokens = np.asarray(tokens)
+    boundary = check_boundary(boundary)
     K = index.geom.n_lengths
+    back = max(index.geom.lengths) - 1
     n_scored = max(0, tokens.size - 1)
     covered = np.zeros(K, dtype=np.int64)
     correct = np.zeros(K, dtype=np.int64)
@@ -24,6 +29,8 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None):
     for a in range(0, n_scored, chunk):
         b = min(n_scored, a + chunk)
         h = index.lookup_span(tokens, a, b)
+        w = max(0, a - back)  # reach at a..b-1 needs the tokens back to the longest n-gram's start
+        h = mask_hints(h, tokens[w:b], boundary, index.geom.lengths, skip=a - w)
         tok, kind = h.token, h.kind
         nxt = tokens[a + 1:b + 1].astype(np.int32)
         has = tok >= 0
@@ -34,7 +41,7 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None):
         kind_correct += np.bincount(kind[right], minlength=kind_correct.size)
         if progress is not None:
             progress.update(b - a)
-    return dict(lengths=list(index.geom.lengths), positions=n_scored, covered=covered.tolist(),
+    return dict(lengths=list(index.geom.lengths), positions=n_scored, boundary=int(boundary), covered=covered.tolist(),
                 correct=correct.tolist(), kind_covered=kind_covered.tolist(), kind_correct=kind_correct.tolist())
 
 
@@ -60,7 +67,7 @@ def grouped(stats):
 
 def format_stats(stats, per_kind=True):
     n = stats["positions"]
-    lines = [f"{n:,} positions scored", "", "length  coverage  accuracy      hinted     correct"]
+    lines = [f"{n:,} positions scored; {describe_boundary(stats.get('boundary'))}", "", "length  coverage  accuracy      hinted     correct"]
     for L, cov, cor in zip(stats["lengths"], stats["covered"], stats["correct"]):
         lines.append(f"{L:>6}  {_ratio(cov, n):8.2%}  {_ratio(cor, cov):8.2%}  {cov:>10,}  {cor:>10,}")
     lines += ["", "length  by      bucket       coverage  accuracy"]

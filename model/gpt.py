@@ -23,13 +23,18 @@ arch="gpt2" (llm.c's GPT-2 124M): learned position embeddings, LayerNorm, GELU(t
 biases, LM head tied to the token embedding, N(0, 0.02) init with residual projections scaled
 by 1/sqrt(2 * n_layer), no soft-cap.
 
-Both add the hint vector (hint_embedding.py) to the residual stream at three places:
-  INJECT_EMBED  right after the embedding (after its RMSNorm for speedrun; after wte + wpe for gpt2),
-  INJECT_MIDDLE after block n_layer // 2 - 1 (the last encoder block; its U-net skip is taken
-                before the hint is added, so the hint enters once),
-  INJECT_HEAD   after the last block, BEFORE the final norm, so the final norm sees the hint
-                relative to the (depth-grown) residual and the LM head gets a normalised input.
-The embedding skip x0 is the embedding without the hint.
+Both add a hint vector to the residual stream at three places, in one of two representations
+(GPTConfig.hint_repr):
+  "record"   the record's (hint_cells.py): one cell per position and its followers' distribution;
+             INJECT_EMBED into the raw embedding before its RMSNorm, so x0 carries the hint;
+             INJECT_MIDDLE after record_middle_layer(n_layer) blocks (the record: 7 of 11);
+  "lengths"  this repo's first one (hint_embedding.py): one hint per n-gram length, summed;
+             INJECT_EMBED after the embedding's RMSNorm, the embedding skip x0 without the hint;
+             INJECT_MIDDLE after block n_layer // 2 - 1 (the last encoder block; its U-net skip
+             is taken before the hint is added, so the hint enters once).
+  INJECT_HEAD (both) after the last block, BEFORE the final norm, so the final norm sees the hint
+             relative to the (depth-grown) residual and the LM head gets a normalised input.
+For gpt2 INJECT_EMBED is after wte + wpe in both.
 Logits keep the padded vocabulary width (a multiple of 128) through the soft-cap and the loss;
 the pad columns are filled with -inf before the cross-entropy (exactly the loss over the real
 columns), and the logits returned without targets are a view of the real columns. float32.
@@ -43,9 +48,11 @@ from torch import nn
 
 from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask, compile_attention
 from model.device import configure_compile, gpu_paths_enabled, maybe_compile
+from model.hint_cells import CellHints, record_middle_layer
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
+HINT_REPRS = ("record", "lengths")  # see the module docstring
 ROPES = ("full", "half")
 # Vocabulary rows are padded to a multiple of 128 (llm.c / modded-nanogpt: 50257 -> 50304) so the
 # LM-head matmul and the logits rows have aligned shapes.
@@ -80,8 +87,9 @@ class GPTConfig:
     n_embd: int = 768
     arch: str = "speedrun"          # "speedrun" or "gpt2"
     max_seq_len: int = 1024         # rotary table / learned position embedding length
-    n_hint_lengths: int = 3         # K: hints per position (one per n-gram length)
-    n_hint_kinds: int = 0           # required: the hint index's kind count, hints.n_kinds(n_hint_lengths)
+    n_hint_lengths: int = 3         # K: n-gram lengths (lengths: hints per position)
+    n_hint_kinds: int = 0           # required: the kind count, hints.n_kinds(K) (lengths) or hints.n_cells(K) (record)
+    hint_repr: str = "lengths"      # "record" or "lengths" (the module docstring)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
     # later-record backbone features (speedrun only; see the module docstring)
     unet_skips: bool = False
@@ -96,6 +104,8 @@ class GPTConfig:
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.hint_repr not in HINT_REPRS:
+            raise ValueError(f"hint_repr must be one of {HINT_REPRS}, got {self.hint_repr!r}")
         if self.rope not in ROPES:
             raise ValueError(f"rope must be one of {ROPES}, got {self.rope!r}")
         head_multiple = 4 if self.rope == "half" else 2  # rotary pairs; "half" rotates half of them
@@ -236,8 +246,14 @@ class GPT(nn.Module):
         d, vocab = cfg.n_embd, cfg.padded_vocab_size
         self.wte = nn.Embedding(vocab, d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.hints = HintEmbedding(d, cfg.n_hint_kinds)
-        self.middle_layer = cfg.n_layer // 2 - 1   # INJECT_MIDDLE goes after this block
+        self.record_hints = cfg.hint_repr == "record"
+        if self.record_hints:  # the token table's init std and the input residual's rms (hint_cells.py)
+            table_std = 1.0 if cfg.arch == "speedrun" else GPT2_INIT_STD
+            self.hints = CellHints(d, cfg.n_hint_kinds, table_std, residual_rms=1.0 if cfg.arch == "speedrun" else table_std)
+            self.middle_layer = record_middle_layer(cfg.n_layer)  # INJECT_MIDDLE goes after this block
+        else:
+            self.hints = HintEmbedding(d, cfg.n_hint_kinds)
+            self.middle_layer = cfg.n_layer // 2 - 1
         # True on the pad columns of the logits (filled with -inf before the loss)
         self.register_buffer("pad_columns", torch.arange(vocab) >= cfg.vocab_size, persistent=False)
         if cfg.arch == "speedrun":
@@ -312,9 +328,15 @@ class GPT(nn.Module):
             raise ValueError(f"the attention window must be >= 1 block, got {blocks}")
         self.window_blocks.fill_(blocks)
 
-    def _hint_vector(self, idx, hint_tokens, hint_kinds):
+    def _hint_vector(self, idx, hint_tokens, hint_kinds, hint_weights=None):
         if hint_tokens is None and hint_kinds is None:
             return None
+        if self.record_hints:
+            if (hint_tokens is None or hint_kinds is None or hint_weights is None or hint_kinds.shape != idx.shape
+                    or hint_tokens.shape[:2] != idx.shape or hint_tokens.ndim != 3 or hint_weights.shape != hint_tokens.shape):
+                raise ValueError(f"record hints: followers and weights (*{tuple(idx.shape)}, F) and cells "
+                                 f"{tuple(idx.shape)}, all given or none")
+            return self.hints(self.wte.weight, idx, hint_tokens, hint_weights, hint_kinds)
         expected = (*idx.shape, self.cfg.n_hint_lengths)
         if hint_tokens is None or hint_kinds is None or hint_tokens.shape != expected or hint_kinds.shape != expected:
             raise ValueError(f"hint_tokens and hint_kinds must both be None or both of shape {expected}")
@@ -345,15 +367,21 @@ class GPT(nn.Module):
                 x = self.hints.inject(x, hint, INJECT_MIDDLE)
         return x
 
-    def forward(self, idx, targets=None, hint_tokens=None, hint_kinds=None):
-        """idx, targets: (B, T) int64; hint_tokens, hint_kinds: (B, T, n_hint_lengths) int64, -1 = none.
+    def forward(self, idx, targets=None, hint_tokens=None, hint_kinds=None, hint_weights=None):
+        """idx, targets: (B, T) int64. Hints, -1 = none:
+          lengths: hint_tokens, hint_kinds (B, T, n_hint_lengths) int64;
+          record:  hint_tokens the followers (B, T, F) int64, hint_kinds the cells (B, T) int64,
+                   hint_weights the followers' counts (B, T, F).
 
         Returns the mean cross-entropy (float32 scalar) when targets is given, else (B, T, vocab)
         float32 logits.
         """
         cfg = self.cfg
-        hint = self._hint_vector(idx, hint_tokens, hint_kinds)
-        if cfg.arch == "speedrun":
+        hint = self._hint_vector(idx, hint_tokens, hint_kinds, hint_weights)
+        if cfg.arch == "speedrun" and self.record_hints:  # the hint inside x0
+            x0 = rms_norm(self.hints.inject(self.wte(idx), hint, INJECT_EMBED))
+            x = self._speedrun_blocks(x0, x0, idx, hint)
+        elif cfg.arch == "speedrun":
             x0 = rms_norm(self.wte(idx))
             x = self._speedrun_blocks(self.hints.inject(x0, hint, INJECT_EMBED), x0, idx, hint)
         else:

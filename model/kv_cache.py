@@ -100,6 +100,9 @@ def forward_cached(model: GPT, idx: torch.Tensor, hints, cache: KVCache) -> torc
         raise ValueError(f"forward_cached: one sequence at a time, got a batch of {idx.size(0)}")
     if pos0 + T > cache.max_len:
         raise ValueError(f"forward_cached: {pos0} cached + {T} new positions exceed the context of {cache.max_len}")
+    if model.record_hints:
+        raise ValueError("forward_cached: generation runs models of --hint-repr lengths (the record's input hint "
+                         "sits inside x0, which this path does not build)")
     cache.tokens[:, pos0:pos0 + T] = idx
     mask = _mask(model, cache, pos0, T)
     hint = model._hint_vector(idx, *hints) if hints is not None else None

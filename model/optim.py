@@ -4,6 +4,9 @@ speedrun (modded-nanogpt recipe): Adam for the embedding tables (token, value em
 trust embeddings), the LM head and every scalar (hint trust amounts and injection scales, skip
 and mix weights), Muon for the hidden matrices.
 gpt2 (llm.c recipe): a single AdamW, weight decay on 2-D parameters only.
+The record's hint parameters (model/hint_cells.py), in either arch, get groups of their own in
+that Adam(W), as the record trains them: betas (0.9, 0.99), lr 0.008 for the cell embeddings and
+10x for the cell and site scales, no weight decay.
 Every group stores its base lr in group["initial_lr"]; the trainer sets
 group["lr"] = group["initial_lr"] * lr_multiplier(...) each step, the Muon momentum to
 muon_momentum(step) and the attention window to attention_window_blocks(step, ...).
@@ -37,6 +40,10 @@ WINDOW_START_TOKENS = 128
 WINDOW_END_TOKENS = 1856
 ADAM_BETAS = (0.8, 0.95)
 ADAM_EPS = 1e-8  # the 2025-01-04 record's Adam leaves eps at torch's default (later records use 1e-10)
+# The record's hint parameters (records/track_1_short/2026-10-01_ExactMatchRetrieval, training.py).
+HINT_CELL_LR = 0.008
+HINT_SCALE_LR = 10 * HINT_CELL_LR  # the cell scales and the three site scales
+HINT_BETAS = (0.9, 0.99)
 
 # gpt2 baseline, from llm.c's GPT-2 124M run.
 GPT2_LR = 6e-4
@@ -65,18 +72,25 @@ def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, 
     if grad_sync not in GRAD_SYNCS:
         raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
     params = dict(model.named_parameters())  # deduplicates the tied gpt2 embedding / LM head
+    hint_groups = []
+    if getattr(model, "record_hints", False):  # the record's hint parameters: their own groups
+        cell = [params.pop("hints.cell_embedding")]
+        scales = [params.pop("hints.cell_scale"), params.pop("hints.scales")]
+        hint_groups = [dict(params=cell, lr=HINT_CELL_LR * lr_scale, betas=HINT_BETAS, weight_decay=0.0),
+                       dict(params=scales, lr=HINT_SCALE_LR * lr_scale, betas=HINT_BETAS, weight_decay=0.0)]
     if arch == "gpt2":
         decay = [p for p in params.values() if p.ndim >= 2]
         no_decay = [p for p in params.values() if p.ndim < 2]
         groups = [
             dict(params=decay, lr=GPT2_LR * lr_scale, weight_decay=GPT2_WEIGHT_DECAY),
             dict(params=no_decay, lr=GPT2_LR * lr_scale, weight_decay=0.0),
+            *hint_groups,
         ]
         return [_adam(torch.optim.AdamW, groups, betas=GPT2_BETAS, eps=GPT2_EPS)]
     if arch != "speedrun":
         raise ValueError(f"unknown arch {arch!r}")
-    embed = [params["wte.weight"], params["hints.trust_embedding"],
-             *(p for name, p in params.items() if name.startswith("value_embeds."))]
+    embed = [params["wte.weight"], *(p for name, p in params.items()
+                                     if name == "hints.trust_embedding" or name.startswith("value_embeds."))]
     head = [params["lm_head.weight"]]
     hidden = [p for name, p in params.items() if name.startswith("blocks.") and p.ndim >= 2]
     scalars = [p for p in params.values() if p.ndim < 2]
@@ -84,6 +98,7 @@ def build_optimizers(model, *, arch: str, lr_scale: float = 1.0, rank: int = 0, 
         dict(params=embed, lr=EMBED_LR * lr_scale),
         dict(params=head, lr=HEAD_LR * lr_scale),
         dict(params=scalars, lr=SCALAR_LR * lr_scale),
+        *hint_groups,
     ]
     adam = _adam(torch.optim.Adam, groups, betas=ADAM_BETAS, eps=ADAM_EPS)
     muon = Muon(hidden, lr=MUON_LR * lr_scale, momentum=MUON_MOMENTUM, rank=rank, world_size=world_size,

@@ -81,7 +81,8 @@ def main(argv=None):
     geom = Geometry.for_tokens(sizes[-1], lengths=tuple(train_args["hint_lengths"]))
     print(f"ablation: {args.checkpoint}, {len(val):,} val tokens, ladder {[human_tokens(n) for n in sizes]}, {geom.describe()}")
     seq_len = train_args["seq_len"]
-    kw = dict(seq_len=seq_len, batch_size=args.batch_size or train_args["val_batch_size"], dist=d)
+    kw = dict(seq_len=seq_len, batch_size=args.batch_size or train_args["val_batch_size"], dist=d,
+              record=model.cfg.hint_repr == "record")  # the record's cells, else per-length hints
 
     nohints = evaluate(model, val, None, **kw)["loss_nohints"]
     print(f"  no hints: val loss {nohints:.4f}")

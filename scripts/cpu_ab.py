@@ -1,4 +1,6 @@
-"""CPU A/B of the later-record backbone features at demo width: trains one model per variant
+"""CPU A/Bs at demo width, two of them.
+
+Backbone (the default): the later-record backbone features. Trains one model per variant
 (the baseline speedrun GPT, each feature alone, all of them) on the same local-corpus batches
 for a few steps and prints train and val loss. No hints: this measures the backbone only.
 
@@ -9,11 +11,33 @@ every feature trains and give its sign at this size; the GPU A/B is scripts/gpu_
 Usage: python scripts/cpu_ab.py --train-files 'data/local_corpus/train_*.bin' \
            --val-files 'data/local_corpus/val_*.bin' [--steps 100] [--variants baseline,unet_skips]
 (build the corpus first: python -m data.local_corpus)
+
+Hints (--hints OUT): the hint representations, through train_gpt.py itself (real loader, real
+training-time hints, real validation). For each corpus (the standard library's source, the
+man-pages prose), seed and arm, one demo-preset run writes OUT/<corpus>-<arm>-s<seed>.json:
+  lengths   --hint-repr lengths (per-length hints from the per-rank growing index)
+  record    --hint-repr record  (the record's cells from the positional index)
+  nohints   --no-hints (the same recipe trained without hints)
+Both hinted arms validate with hints from the same saved HintIndex over the corpus's whole
+training split (OUT/<corpus>.idx, built once, --val-index; the record's arm reads it as cells), and
+each run reports val loss with and without hints. Runs
+whose JSON exists are skipped, so the grid can be stopped and resumed; --table prints the
+markdown table (mean +- standard deviation over seeds) from whatever JSON is there.
+    python scripts/cpu_ab.py --hints runs/hints_ab --seeds 0,1,2 [--recipe-args "--steps 300"]
+    python scripts/cpu_ab.py --hints runs/hints_ab --table
+(build the corpora first: python -m data.local_corpus; python -m data.prose_corpus)
 """
 import argparse
+import json
 import math
+import os
+import shlex
 import statistics
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,8 +70,25 @@ VARIANTS = {
 }
 
 
+REPO = Path(__file__).resolve().parents[1]
+# The hint A/B's corpora: (train glob, val glob) under the repo (data/local_corpus.py, data/prose_corpus.py).
+CORPORA = {"stdlib": ("data/local_corpus/train_*.bin", "data/local_corpus/val_*.bin"),
+           "prose": ("data/local_corpus/man-pages/train_*.bin", "data/local_corpus/man-pages/val_*.bin")}
+ARMS = {"lengths": ["--hint-repr", "lengths"], "record": ["--hint-repr", "record"],
+        "nohints": ["--no-hints", "--hint-repr", "record"]}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("the hint A/B (--hints OUT; the other flags are the backbone A/B's)")
+    g.add_argument("--hints", metavar="OUT", help="run the hint-representation A/B into this folder")
+    g.add_argument("--table", action="store_true", help="with --hints: print the table of the runs in OUT")
+    g.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated, of {', '.join(CORPORA)}")
+    g.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    g.add_argument("--seeds", default="0,1,2")
+    g.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel torch threads)")
+    g.add_argument("--recipe-args", default="", help="extra train_gpt.py flags for every run (the recipe), e.g. "
+                   "'--steps 1000'; the table names them")
     p.add_argument("--train-files", default="data/local_corpus/train_*.bin")
     p.add_argument("--val-files", default="data/local_corpus/val_*.bin")
     p.add_argument("--steps", type=int, default=100)
@@ -60,6 +101,19 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.hints:
+        for name, known in (("corpora", CORPORA), ("arms", ARMS)):
+            setattr(args, name, getattr(args, name).split(","))
+            bad = [v for v in getattr(args, name) if v not in known]
+            if bad:
+                p.error(f"--{name}: unknown {bad}; expected some of {list(known)}")
+        try:
+            args.seeds = [int(v) for v in args.seeds.split(",")]
+        except ValueError:
+            p.error(f"--seeds {args.seeds!r}: expected comma-separated integers")
+        if args.parallel < 1:
+            p.error(f"--parallel {args.parallel}: expected >= 1")
+        return args
     args.variants = args.variants.split(",")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -115,8 +169,98 @@ def run_variant(name, args, val):
                 params=sum(p.numel() for p in model.parameters()))
 
 
+# -- the hint A/B ------------------------------------------------------------------------------
+def val_index(out, corpus):
+    """The corpus's saved validation index over its whole training split (built once; both arms
+    read it, lengths through lookup_span, record through lookup_cells)."""
+    path = out / f"{corpus}.idx"
+    if not path.exists():
+        train, _ = CORPORA[corpus]
+        subprocess.run([sys.executable, "-m", "hints", "build", "--tokens", str(REPO / train), "--out", str(path),
+                        "--geometry", "auto"], cwd=REPO, check=True)
+    return path
+
+
+def run_cell(out, corpus, arm, seed, recipe, threads):
+    """One train_gpt.py run; its summary JSON's path (skipped when it exists)."""
+    summary = out / f"{corpus}-{arm}-s{seed}.json"
+    if summary.exists():
+        return summary
+    train, val = CORPORA[corpus]
+    cmd = [sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo", "--train-files", str(REPO / train),
+           "--val-files", str(REPO / val), "--hint-tokens", "0",
+           *(["--val-index", str(val_index(out, corpus))] if arm != "nohints" else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
+    t0 = time.perf_counter()
+    with open(out / "logs" / f"{corpus}-{arm}-s{seed}.out", "w") as log:
+        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"{corpus}-{arm}-s{seed}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t0:.0f}s",
+          flush=True)
+    return summary
+
+
+def run_hints_ab(args):
+    out = Path(args.hints)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    recipe = shlex.split(args.recipe_args)
+    (out / "recipe.json").write_text(json.dumps(dict(recipe=recipe, command=sys.argv)))
+    for corpus in args.corpora:
+        val_index(out, corpus)
+    cells = [(c, a, s) for s in args.seeds for c in args.corpora for a in args.arms]  # seed-major: balanced early
+    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(lambda cell: run_cell(out, *cell, recipe, threads), cells))
+
+
+def hints_table(out):
+    """Markdown: per corpus and arm, val loss with / without hints, and the gain over the no-hints arm
+    paired by seed (same init and batches), mean +- sd over the seeds found."""
+    out = Path(out)
+    runs = {}
+    for f in sorted(out.glob("*-s*.json")):
+        corpus, arm, seed = f.stem.rsplit("-", 2)
+        runs.setdefault((corpus, arm), {})[int(seed[1:])] = json.loads(f.read_text())
+    recipe = json.loads((out / "recipe.json").read_text())["recipe"] if (out / "recipe.json").exists() else []
+
+    def cell(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "n/a"
+        sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else "n/a"
+        return f"{statistics.fmean(values):.4f} +- {sd} (n={len(values)})"
+
+    def paired(corpus, arm, base_arm, key="val_loss_hints", base_key="val_loss_nohints"):
+        a, b = runs.get((corpus, arm), {}), runs.get((corpus, base_arm), {})
+        return [b[s][base_key] - a[s][key] for s in sorted(a.keys() & b.keys())
+                if a[s][key] is not None and b[s][base_key] is not None]
+
+    lines = [f"recipe: train_gpt.py --preset demo {' '.join(recipe)}".rstrip(), "",
+             "| corpus | arm | val loss with hints | val loss without hints | gain over --no-hints (paired) | ms/step |",
+             "|---|---|---|---|---|---|"]
+    for (corpus, arm), rs in sorted(runs.items()):
+        rs = list(rs.values())
+        hinted = [r["val_loss_hints"] for r in rs] if arm != "nohints" else []
+        gain = cell(paired(corpus, arm, "nohints")) if arm != "nohints" else "-"
+        lines.append(f"| {corpus} | {arm} | {cell(hinted)} | {cell([r['val_loss_nohints'] for r in rs])} | {gain} | "
+                     f"{statistics.fmean(r['step_ms'] for r in rs):.0f} |")
+    lines += ["", "record against lengths, paired by seed (positive: record's val loss with hints is lower):"]
+    for corpus in sorted({c for c, _ in runs}):
+        lines.append(f"- {corpus}: {cell(paired(corpus, 'record', 'lengths', base_key='val_loss_hints'))}")
+    lines += ["", "per seed (seed: val loss with hints for the hinted arms, without for nohints):"]
+    for (corpus, arm), rs in sorted(runs.items()):
+        key = "val_loss_nohints" if arm == "nohints" else "val_loss_hints"
+        lines.append(f"- {corpus} {arm}: " + ", ".join(
+            f"s{s} {r[key]:.4f}" if r[key] is not None else f"s{s} n/a" for s, r in sorted(rs.items())))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.hints:
+        if args.table:
+            return print(hints_table(args.hints))
+        run_hints_ab(args)
+        return print(hints_table(args.hints))
     val = read_tokens(args.val_files, args.val_tokens + 1, strict=False)
     print(f"CPU A/B (NOT predictive of GPU scale): {args.n_layer} x {args.n_embd}, {args.n_head} heads, seq {args.seq_len}, "
           f"batch {args.batch_size}, {args.steps} steps, val {len(val) - 1:,} tokens, torch {torch.__version__}, "

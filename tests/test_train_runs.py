@@ -69,7 +69,8 @@ def losses(summary):
 
 
 def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
-    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3")
+    # the per-length hints' n-grams run across rank slices: 2 x 2 sequences hint like 1 x 4
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "lengths")
     run(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
     run(common + ["--batch-size", "4", "--summary-json", str(tmp_path / "one.json")])
     two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
@@ -83,12 +84,28 @@ def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
     assert two["hint_tokens_train"] == one["hint_tokens_train"] == 6 * 256  # every rank saw the global stream
 
 
-def test_resume_continues_exactly(corpus, tmp_path):
-    common = tiny_args(corpus, tmp_path, "--steps", "8", "--batch-size", "2", "--val-every", "4")
+def test_record_hints_two_gloo_ranks(corpus, tmp_path):
+    """The record's representation over two gloo ranks: one positional index (local rank 0 builds it,
+    both map it), the ranks stay in sync, the hinted validation runs, and the hint path trains."""
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "record")
+    s = train(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
+    assert s["world_size"] == 2 and s["ranks_in_sync"] and s["hint_repr"] == "record"
+    assert s["hint_tokens_train"] == 6 * 256 and s["positional_build_s"] is not None
+    assert [p[0] for p in s["positional_phases"]] == [6 * 256]  # one phase: the run is shorter than 8 steps
+    assert s["val_loss_hints"] is not None and s["val_index"] == "training"
+    assert sorted(losses(s)) == list(range(1, 7))
+
+
+@pytest.mark.parametrize("repr_", ["record", "lengths"])
+def test_resume_continues_exactly(corpus, tmp_path, repr_):
+    """lengths: the growing training index is saved and restored; record: the positional index is
+    rebuilt from the stream (nothing to save), and the resumed steps are the same."""
+    common = tiny_args(corpus, tmp_path, "--steps", "8", "--batch-size", "2", "--val-every", "4", "--hint-repr", repr_)
     ck = tmp_path / "ckpt.pt"
     run(common + ["--save-checkpoint", str(ck), "--checkpoint-every", "4", "--summary-json", str(tmp_path / "full.json")])
-    assert (tmp_path / "ckpt_step000004.pt").exists() and (tmp_path / "ckpt_step000004.pt.hints").exists()
-    assert ck.exists() and Path(str(ck) + ".hints").exists()
+    lengths = repr_ == "lengths"
+    assert (tmp_path / "ckpt_step000004.pt").exists() and (tmp_path / "ckpt_step000004.pt.hints").exists() == lengths
+    assert ck.exists() and Path(str(ck) + ".hints").exists() == lengths
     run(common + ["--resume", str(tmp_path / "ckpt_step000004.pt"), "--summary-json", str(tmp_path / "resumed.json")])
     full, resumed = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("full", "resumed"))
     assert resumed["resumed_from_step"] == 4
@@ -96,8 +113,8 @@ def test_resume_continues_exactly(corpus, tmp_path):
     assert resumed["val_loss_hints"] == full["val_loss_hints"]
     assert resumed["val_loss_nohints"] == full["val_loss_nohints"]
     assert resumed["hint_tokens_train"] == full["hint_tokens_train"] == 8 * 128
-    saved = HintIndex.load(str(ck) + ".hints")
-    assert saved.tokens_added == 8 * 128
+    if lengths:
+        assert HintIndex.load(str(ck) + ".hints").tokens_added == 8 * 128
 
 
 def test_warmup_steps_are_undone(corpus, tmp_path):
@@ -301,7 +318,7 @@ def test_switch_to_the_background_index_midway(corpus, tmp_path):
     write_shard(other / "train_000000.bin", rng.integers(0, VOCAB, 20_000))
     write_manifest(other)
     common = tiny_args(corpus, tmp_path, "--batch-size", "2", "--val-every", "0", "--log-every", "10",
-                       "--switch-hints-at", "10") + ["--hint-tokens", "20000"]
+                       "--switch-hints-at", "10", "--hint-repr", "lengths") + ["--hint-tokens", "20000"]
     # 400 steps (~15 s): the builder's start (a fresh interpreter loading Numba) is ready well before
     s = train(common + ["--steps", "400", "--hint-files", str(other / "train_*.bin"), "--summary-json",
                         str(tmp_path / "s.json")])

@@ -4,6 +4,9 @@
 with hints from an index (their lookups cached per index state in a `ValHintCache` the run owns)
 and, when asked, without hints.
 `validate` is one validation of a run: the index train/val_hints.py picks, both losses, a log line.
+In the record's representation (`record=True`) the hints are Cells (hints/cells.py): the index's
+`lookup_cells` over this rank's span as one segment (n-grams restart at its start and at every BOS),
+keeping 8 followers a position (the record's validation setting).
 """
 import time
 
@@ -11,16 +14,26 @@ import numpy as np
 import torch
 
 from data.units import human_tokens
+from hints.cells import BOS
 from model import autocast_context
 from train.data import val_split
+from train.positional_hints import cells_to_arrays
 from train.val_hints import ValSource, pick_index, wait_for_background
 
+# Distinct followers kept per validation position in the record's representation (the record's 8).
+VAL_FOLLOWERS = 8
 
-def val_hint_arrays(index, tokens, start, stop):
+
+def val_hint_arrays(index, tokens, start, stop, record=False):
     """The model's hint inputs for positions [start, stop) of a token stream, from `index`: a
     tuple of arrays of stop - start rows, (n, K) int64 hinted tokens and kinds, each position's
     n-grams read from the whole stream before it. Validation (ValHintCache) and generation
-    (train/inference.py) both call this, so a position gets the same hints in either."""
+    (train/inference.py) both call this, so a position gets the same hints in either.
+    record: the record's cells of tokens[start:stop] as one segment (the module docstring):
+    (n, F) followers, (n,) cells and (n, F) float32 counts."""
+    if record:
+        cells = index.lookup_cells(tokens[start:stop], max_followers=VAL_FOLLOWERS, boundary=BOS)
+        return tuple(a.reshape(stop - start, *a.shape[2:]) for a in cells_to_arrays(cells, 1, stop - start))
     h = index.lookup_span(tokens, start, stop)
     return tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
 
@@ -36,13 +49,13 @@ class ValHintCache:
     def __init__(self, size=2):
         self.size, self.entries = size, {}
 
-    def get(self, index, val_tokens, start, stop):
+    def get(self, index, val_tokens, start, stop, record=False):
         """val_hint_arrays() of val positions [start, stop)."""
-        key = (id(index), int(index.tokens_added), id(val_tokens), start, stop)
+        key = (id(index), int(index.tokens_added), id(val_tokens), start, stop, record)
         hit = self.entries.get(key)
         if hit is not None:
             return hit[1]
-        arrays = val_hint_arrays(index, val_tokens, start, stop)
+        arrays = val_hint_arrays(index, val_tokens, start, stop, record)
         while len(self.entries) >= self.size:
             self.entries.pop(next(iter(self.entries)))
         self.entries[key] = (index, arrays)
@@ -50,12 +63,13 @@ class ValHintCache:
 
 
 @torch.no_grad()
-def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None, also_without_hints=True):
+def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None, also_without_hints=True, record=False):
     """Mean val loss over all ranks with hints from `index` (None: no hinted pass) and, when
     `also_without_hints`, without hints.
 
     val_tokens: the whole val stream (uint16); each rank takes an equal run of sequences of
-    seq_len (+1 target). Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
+    seq_len (+1 target). record: the hints are Cells (the module docstring).
+    Returns dict(loss_hints, loss_nohints, tokens, lookup_s).
     """
     device = dist.device
     first, n_seq, bs = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
@@ -63,7 +77,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
     lookup_s = 0.0
     if index is not None:
         t0 = time.perf_counter()
-        arrays = (cache or ValHintCache()).get(index, val_tokens, start, stop)
+        arrays = (cache or ValHintCache()).get(index, val_tokens, start, stop, record)
         lookup_s = time.perf_counter() - t0
     was_training = model.training
     model.eval()
@@ -90,7 +104,7 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
 
 
 def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
-             seq_len, batch_size, dist, cache, log, exact=None):
+             seq_len, batch_size, dist, cache, log, exact=None, record=False):
     """One validation of a run: at the end, wait for a late background index (up to bg_wait
     seconds); pick the index on every rank alike; evaluate with and without hints; log one line.
     with_background: the run asked for a background index (the same on every rank, even where
@@ -105,7 +119,8 @@ def validate(model, val_tokens, *, step, total, with_background, background, bg_
         if with_background and step == total and bg_wait > 0:
             waited = wait_for_background(background, bg_wait, dist, log)
         source, index = pick_index(with_background, background, val_index, train_index, dist)
-    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache)
+    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache,
+                   record=record)
     n = int(index.tokens_added) if index is not None else 0
     res.update(index=source.kind, index_reason=source.reason, index_tokens=n, bg_wait_s=waited,
                index_desc=f"{source.kind or 'none'}, {human_tokens(n)} tokens")

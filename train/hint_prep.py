@@ -1,10 +1,16 @@
 """Training-time hints, prepared ahead of the GPU.
 
-Every rank keeps a small HintIndex that grows with the global batches already trained on.
-`HintPrep` loads a step's batch, looks up the hints of this rank's inputs in that index
-(which holds only earlier steps), and only then adds the step's global batch: so the hints of
-step s come from steps < s. A background thread runs this ahead of the GPU through a bounded
-queue; the loop logs how long it waited for it.
+Two sources, one per hint representation (model/gpt.py's hint_repr):
+  record   train/positional_hints.py: the node's exact positional index over the known training
+           stream, built ahead by local rank 0 and mapped by every rank; a lookup for step s sees
+           only tokens before step s's first token. Nothing is added during training.
+  lengths  every rank keeps a small HintIndex that grows with the global batches already trained
+           on: `HintPrep` looks up the hints of this rank's inputs in it (it holds only earlier
+           steps) and only then adds the step's global batch. It serves the "lengths"
+           representation (the positional index gives Cells, not per-length hints) and runs whose
+           data order is not known ahead; n-grams there run across documents, ranks and steps.
+`HintPrep` loads a step's batch and prepares its hints; a background thread runs it ahead of the
+GPU through a bounded queue; the loop logs how long it waited for it.
 """
 import queue
 import threading
@@ -26,11 +32,12 @@ class Prepared(NamedTuple):
     step: int                 # 0-based step index
     x: torch.Tensor           # (B, T) int64 inputs
     y: torch.Tensor           # (B, T) int64 targets
-    hint_tokens: torch.Tensor | None  # (B, T, K) int64, -1 = no hint
-    hint_kinds: torch.Tensor | None   # (B, T, K) int64, -1 = no hint
+    hint_tokens: torch.Tensor | None  # (B, T, K) int64, -1 = no hint (record: the followers (B, T, F))
+    hint_kinds: torch.Tensor | None   # (B, T, K) int64, -1 = no hint (record: the cells (B, T))
     load_s: float             # reading the batch from the shards
     lookup_s: float           # looking up this rank's hints
-    add_s: float              # adding the global batch to the index
+    add_s: float              # adding the global batch to the index (lengths only)
+    hint_weights: torch.Tensor | None = None  # record: the followers' counts (B, T, F) float32
 
 
 def hints_to_arrays(h, B, T):
@@ -55,8 +62,9 @@ class HintPrep:
     the thread with its traceback.
     """
 
-    def __init__(self, loader, index, rank=0, world_size=1, depth=PREP_QUEUE_DEPTH, pin=False, tail=None):
-        self.loader, self.index = loader, index
+    def __init__(self, loader, index, rank=0, world_size=1, depth=PREP_QUEUE_DEPTH, pin=False, tail=None,
+                 positional=None):
+        self.loader, self.index, self.positional = loader, index, positional  # positional: the record's source
         self.lookup_index = index  # where lookups go: the training index, or after a switch the large one
         self.rank, self.world_size, self.pin = rank, world_size, pin
         self.B, self.T = loader.B, loader.T
@@ -79,9 +87,13 @@ class HintPrep:
         B, T, r = self.B, self.T, self.rank
         x = torch.from_numpy(np.ascontiguousarray(batch.x, dtype=np.int64))
         y = torch.from_numpy(np.ascontiguousarray(batch.y, dtype=np.int64))
-        ht = hk = None
+        ht = hk = hw = None
         t2 = t3 = t1
-        if self.index is not None:
+        if self.positional is not None:
+            ht, hk, hw = (torch.from_numpy(a) for a in self.positional.lookup(np.asarray(batch.x).reshape(-1),
+                                                                               self.next_step))
+            t2 = t3 = time.perf_counter()
+        elif self.index is not None:
             g = batch.global_tokens
             stream = np.concatenate([self.tail, g])  # the previous step's end gives rank 0 its context
             start = len(self.tail) + r * B * T
@@ -94,9 +106,8 @@ class HintPrep:
             t3 = time.perf_counter()
         if self.pin:
             x, y = x.pin_memory(), y.pin_memory()
-            if ht is not None:
-                ht, hk = ht.pin_memory(), hk.pin_memory()
-        item = Prepared(self.next_step, x, y, ht, hk, t1 - t0, t2 - t1, t3 - t2)
+            ht, hk, hw = (t.pin_memory() if t is not None else None for t in (ht, hk, hw))
+        item = Prepared(self.next_step, x, y, ht, hk, t1 - t0, t2 - t1, t3 - t2, hw)
         self.next_step += 1
         return item
 

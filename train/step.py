@@ -11,6 +11,7 @@ along a cosine over the whole run and clips gradients at norm 1.0.
 import torch
 
 from hints import n_kinds
+from hints.kinds import n_cells
 from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, autocast_context,
                    build_optimizers, gpu_paths_enabled, lr_multiplier, muon_momentum)
 from model.device import torch_compile
@@ -53,7 +54,8 @@ class TrainStep:
         to = lambda t: t.to(self.device, non_blocking=True) if t is not None else None  # noqa: E731
         self.set_schedules(step)
         with autocast_context(self.device):
-            loss = self.train_model(to(item.x), to(item.y), to(item.hint_tokens), to(item.hint_kinds))
+            loss = self.train_model(to(item.x), to(item.y), to(item.hint_tokens), to(item.hint_kinds),
+                                   to(item.hint_weights))
         loss.backward()
         self.sync.wait() if self.sync else allreduce_grads(self.model)
         if self.gpt2:
@@ -66,15 +68,18 @@ class TrainStep:
 
 def build_model(args, d, total):
     """(model, the module that trains (compiled or not), optimizers, TrainStep) from the trainer's
-    flags: the arch and its backbone features, hint lengths (their kind count), grad sync and
+    flags: the arch and its backbone features, hint lengths and representation (their kind or cell
+    count), grad sync and
     compile mode. Flags that make no valid model end the run in one line."""
     speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
                     window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
                     attn_block_size=args.attn_block_size)
     K = len(args.hint_lengths)
+    repr_ = getattr(args, "hint_repr", "lengths")
     try:
         cfg = GPTConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                        arch=args.arch, max_seq_len=args.seq_len, n_hint_lengths=K, n_hint_kinds=n_kinds(K),
+                        arch=args.arch, max_seq_len=args.seq_len, n_hint_lengths=K, hint_repr=repr_,
+                        n_hint_kinds=n_cells(K) if repr_ == "record" else n_kinds(K),
                         **(speedrun if args.arch == "speedrun" else {}))
     except ValueError as e:
         raise SystemExit(f"error: model: {e}") from None

@@ -11,11 +11,24 @@ import atexit
 import time
 from typing import NamedTuple
 
-from data.loader import iter_tokens
+import numpy as np
+
+from data.loader import iter_tokens, read_tokens
 from hints import HintIndex
+from hints.cells import BOS
+from hints.positional import DEFAULT_CAP, PositionalIndex, exact_cells
+from hints.positional import MAGIC as POSITIONAL_MAGIC
 from hints.background import BUILDING, start_for_node
 from train.data import val_split
 from train.placement import lower_priority
+
+def _is_positional(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(POSITIONAL_MAGIC)) == POSITIONAL_MAGIC
+    except OSError as e:
+        raise SystemExit(f"error: --val-index {path}: cannot read it ({e.strerror})") from None
+
 
 class ValSource(NamedTuple):
     """The index a validation uses: kind is 'background', 'val-index', 'training' or None."""
@@ -60,18 +73,52 @@ EXACT_RULES_NOTE = ("rules question (the article's): may counting the validation
                     "this run counts them outside it")
 
 
-def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log):
+class ExactCells:
+    """The record's cells of this rank's val span counted exactly (hints.positional.exact_cells)
+    before the clock starts, answered by lookup_cells like an index (`tokens_added`: the training
+    tokens counted in)."""
+
+    def __init__(self, span, cells, tokens_added, seconds):
+        self.span, self.cells, self.tokens_added, self.seconds = span, cells, int(tokens_added), seconds
+        self.backend = "exact cells, cpu"
+
+    def lookup_cells(self, tokens, max_followers, boundary=BOS):
+        if not np.array_equal(tokens, self.span) or max_followers != self.cells.followers.shape[1]:
+            raise ValueError("exact val cells answer only the val span (and follower count) they were counted for")
+        return self.cells
+
+    def describe(self):
+        return (f"exact cells of {len(self.span):,} positions against {self.tokens_added:,} training tokens "
+                f"in {self.seconds:.2f}s")
+
+
+def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *, seq_len, batch_size, dist, log,
+                          record=False):
     """Exact validation hints (`--val-hints exact|exact-gpu`): this rank's share of the val
     positions, counted in the first max_tokens training tokens by hints.exact (torch on any
-    device, or the Triton kernels on CUDA), before the clock starts."""
+    device, or the Triton kernels on CUDA), before the clock starts. record: the record's cells
+    (hints.positional.exact_cells, on the CPU; exact-gpu is refused)."""
     from hints.exact import exact_val_hints
     if mode == "exact-gpu" and not dist.cuda:
         raise SystemExit(f"error: --val-hints exact-gpu needs a CUDA device; this run is on {dist.device} "
                          f"(use --val-hints exact)")
+    if record and mode == "exact-gpu":
+        raise SystemExit("error: --val-hints exact-gpu counts per-length hints; the record's representation "
+                         "(--hint-repr record) counts its cells on the CPU: use --val-hints exact")
     if max_tokens <= 0:
         raise SystemExit(f"error: --val-hints {mode} counts in the first --hint-tokens training tokens; "
                          f"give --hint-tokens > 0")
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
+    if record:
+        from train.evaluate import VAL_FOLLOWERS
+        t0 = time.perf_counter()
+        span = np.asarray(val_tokens[first * seq_len:(first + n_seq) * seq_len])
+        train = read_tokens(train_files, max_tokens, strict=False)
+        cells = exact_cells(span, train, max_followers=VAL_FOLLOWERS, lengths=lengths, boundary=BOS)
+        exact = ExactCells(span, cells, len(train), time.perf_counter() - t0)
+        log(f"val hints: {exact.describe()}, outside the timed region")
+        log(EXACT_RULES_NOTE)
+        return exact
     exact = exact_val_hints(val_tokens, iter_tokens(train_files, max_tokens=max_tokens), lengths,
                             backend="triton" if mode == "exact-gpu" else "torch", device=dist.device,
                             start=first * seq_len, stop=(first + n_seq) * seq_len)
@@ -80,8 +127,29 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
     return exact
 
 
-def open_val_index(path, lengths, log):
-    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the model's lengths."""
+class PositionalValIndex:
+    """A saved hints.positional.PositionalIndex as a validation index (the record's representation
+    only): Cells from every occurrence it holds, at most the cap most recent per n-gram."""
+
+    def __init__(self, index):
+        self.index, self.tokens_added = index, index.tokens
+
+    def lookup_cells(self, tokens, max_followers, boundary=BOS):
+        return self.index.lookup_cells(tokens, self.tokens_added, cap=DEFAULT_CAP, max_followers=max_followers,
+                                       boundary=boundary)
+
+
+def open_val_index(path, lengths, log, record=False):
+    """A saved index for validation (`--val-index`), mapped read-only; refused unless built with the
+    model's lengths. record: a saved hints.positional.PositionalIndex serves too (scripts/cpu_ab.py
+    --hints builds one over a corpus's training split)."""
+    if record and _is_positional(path):
+        idx = PositionalIndex.load(path)
+        if tuple(idx.lengths) != tuple(lengths):
+            raise SystemExit(f"error: --val-index {path}: built with n-gram lengths {tuple(idx.lengths)}, "
+                             f"the model's --hint-lengths are {tuple(lengths)}")
+        log(f"--val-index {path}: positional, {idx.tokens:,} tokens, {idx.entries:,} entries")
+        return PositionalValIndex(idx)
     try:
         idx = HintIndex.load(path, mmap=True, workers=VAL_LOOKUP_WORKERS)
     except (ValueError, OSError) as e:
