@@ -382,8 +382,12 @@ def main(argv=None):
     bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
     # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
     # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
-    # --val-hints exact runs are experiments)
-    attempt = args.preset == "record" and not args.no_hints and with_background
+    # --val-hints exact runs are experiments, and so are --hint-repr record runs: their positional training index
+    # is built from set-up on, before the clock)
+    attempt = args.preset == "record" and not args.no_hints and with_background and not record
+    if args.preset == "record" and record:
+        log("not a record attempt: --hint-repr record builds its positional training index from set-up on, before "
+            "the clock (docs/record.md)")
     record_valid, record_reason = d.broadcast(record_verdict(attempt, meter.last_val, bg_status))
     summary = meter.finish(
         log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
