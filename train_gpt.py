@@ -271,10 +271,8 @@ def main(argv=None):
     positional = None
     if record and not args.no_hints:  # one per node: local rank 0 builds it, every rank maps it
         positional = PositionalHints(node_directory(run_id, d.node), B, T, d.rank, d.world_size, lengths)
-        if d.local_rank == 0:
-            positional.start_build(train_files, total, args.align_documents, log)
         log(f"training-time hints (record): one exact positional index per node over the run's {total} steps, "
-            f"built by local rank 0 in phases; lookups see the tokens before their step (cap {positional.cap}, "
+            f"built by local rank 0 in phases from the clock's start; lookups see the tokens before their step (cap {positional.cap}, "
             f"{positional.max_followers} followers)")
     else:
         log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
@@ -311,11 +309,16 @@ def main(argv=None):
 
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
+        warm_positional = None  # the record's representation warms up on a throwaway index of the warm-up's steps
+        if positional:
+            warm_positional = PositionalHints(node_directory(run_id + "-warmup", d.node), B, T, d.rank, d.world_size, lengths)
+            if d.local_rank == 0:
+                warm_positional.start_build(train_files, args.warmup_steps, args.align_documents)
         warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else (
-            positional.trained(1) if positional else None)  # hints for the warm-up's validation graph
+            warm_positional.trained(1) if positional else None)  # hints for the warm-up's validation graph
         warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size,
                                               align_to_documents=args.align_documents),
-                        None if positional else warm_index, d.rank, d.world_size, pin=d.cuda, positional=positional)
+                        None if positional else warm_index, d.rank, d.world_size, pin=d.cuda, positional=warm_positional)
         seconds = warm_up_and_undo(
             model, optimizers, lambda i: train_step(warm.prepare(), start_step + i), args.warmup_steps,
             lambda: evaluate(train_model, val_tokens[:T * d.world_size * args.val_batch_size + 1], warm_index,
@@ -333,10 +336,13 @@ def main(argv=None):
     meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
     if with_background:  # the builder gets ready before the clock and hashes from its start
         arm_background(background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
+    if positional and d.local_rank == 0:  # its n-grams are hashed on the clock: the build starts at its first start
+        meter.on_clock_start.append(lambda _: positional.start_build(train_files, total, args.align_documents, log))
     prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail,
                     positional=positional).start(limit=next_sync(start_step))
     try:
-        prep.wait_filled()  # the queue starts full, as the speedrun's clock would want
+        if not positional:  # the queue starts full (the positional index's steps wait for its first phase, on the clock)
+            prep.wait_filled()
         meter.start()
         for step in range(start_step, total + 1):
             if step > start_step and step in val_steps | ckpt_steps | switch_steps:
@@ -382,12 +388,8 @@ def main(argv=None):
     bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
     # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
     # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
-    # --val-hints exact runs are experiments, and so are --hint-repr record runs: their positional training index
-    # is built from set-up on, before the clock)
-    attempt = args.preset == "record" and not args.no_hints and with_background and not record
-    if args.preset == "record" and record:
-        log("not a record attempt: --hint-repr record builds its positional training index from set-up on, before "
-            "the clock (docs/record.md)")
+    # --val-hints exact runs are experiments)
+    attempt = args.preset == "record" and not args.no_hints and with_background
     record_valid, record_reason = d.broadcast(record_verdict(attempt, meter.last_val, bg_status))
     summary = meter.finish(
         log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
@@ -396,6 +398,8 @@ def main(argv=None):
         hint_tokens_train=int(index.tokens_added) if index is not None else (
             total * global_batch if positional is not None else 0), hint_repr=args.hint_repr,
         positional_build_s=positional.build_s if positional is not None else None,
+        positional_build_started_s=(positional.started_at - meter.clock_start  # seconds after the clock's start
+                                    if positional is not None and positional.started_at is not None else None),
         positional_phases=positional.phases if positional is not None else None,
         background=bg_status, record_valid=record_valid, record_reason=record_reason, val_hint_path=args.val_hints,
         val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,

@@ -87,10 +87,13 @@ def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
 def test_record_hints_two_gloo_ranks(corpus, tmp_path):
     """The record's representation over two gloo ranks: one positional index (local rank 0 builds it,
     both map it), the ranks stay in sync, the hinted validation runs, and the hint path trains."""
-    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "record")
+    common = tiny_args(corpus, tmp_path, "--steps", "6", "--val-every", "3", "--hint-repr", "record", "--warmup-steps", "2")
     s = train(common + ["--batch-size", "2", "--summary-json", str(tmp_path / "two.json")], nproc=2)
     assert s["world_size"] == 2 and s["ranks_in_sync"] and s["hint_repr"] == "record"
     assert s["hint_tokens_train"] == 6 * 256 and s["positional_build_s"] is not None
+    # no n-gram of the run is hashed before the clock: the build starts at the clock's start (the warm-up ran on
+    # an index of its own)
+    assert 0.0 <= s["positional_build_started_s"] < 5.0
     assert [p[0] for p in s["positional_phases"]] == [6 * 256]  # one phase: the run is shorter than 8 steps
     assert s["val_loss_hints"] is not None and s["val_index"] == "training"
     assert sorted(losses(s)) == list(range(1, 7))

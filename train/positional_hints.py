@@ -82,9 +82,11 @@ class PositionalHints:
         self.build_error = None
         self.build_s = None        # seconds of the whole build (reading the stream included)
         self.phases = []           # (tokens, seconds since the build started) of each phase published
+        self.started_at = None     # time.monotonic() when the build started (the clock's, on a run)
 
     def start_build(self, train_files, steps, align_to_documents=False, log=None):
         """Read the run's stream and build its phases in a thread; the directory is removed at exit."""
+        self.started_at = time.monotonic()
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(shutil.rmtree, self.directory, True)
         ends = phase_ends(steps, self.G, BUILD_PHASES)
