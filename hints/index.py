@@ -421,7 +421,7 @@ class HintIndex:
         """The record's cells of every position of `tokens` (hints.cells; hints.index_cells says how):
         `tokens` is one segment, its n-grams restarting at its start and at every `boundary` token."""
         from .index_cells import index_cells
-        return index_cells(self, tokens, max_followers, boundary)
+        return index_cells(self, as_tokens(tokens), max_followers, boundary)
 
     def lookup_span(self, stream, start, stop):
         """Hints for positions start..stop-1 of a longer stream, each with its whole n-grams:

@@ -71,11 +71,10 @@ def followers_kernel(t0, t1, q, depth, cnt, tok, top, table, fill, lengths, pows
         top_followers(toks, m, F, out_tok, out_cnt, t, counter)
 
 
-def index_cells(idx, tokens, max_followers=8, boundary=BOS):
-    """Cells of every position of `tokens` from HintIndex `idx` (one segment: n-grams restart at
-    its start and at every `boundary` token; None: only at its start)."""
-    from .index import as_tokens
-    q = as_tokens(tokens)
+def index_cells(idx, q, max_followers=8, boundary=BOS):
+    """Cells of every position of `q` (a 1-D uint16 array, checked by the caller: HintIndex.lookup_cells)
+    from HintIndex `idx` (one segment: n-grams restart at its start and at every `boundary` token;
+    None: only at its start)."""
     F = check_max_followers(max_followers)
     b = check_boundary(boundary)
     n = q.size

@@ -18,10 +18,7 @@ from hints.cells import BOS
 from model import autocast_context
 from train.data import val_split
 from train.positional_hints import cells_to_arrays
-from train.val_hints import ValSource, pick_index, wait_for_background
-
-# Distinct followers kept per validation position in the record's representation (the record's 8).
-VAL_FOLLOWERS = 8
+from train.val_hints import VAL_FOLLOWERS, ValSource, pick_index, wait_for_background
 
 
 def val_hint_arrays(index, tokens, start, stop, record=False):

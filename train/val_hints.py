@@ -30,6 +30,10 @@ def _is_positional(path):
         raise SystemExit(f"error: --val-index {path}: cannot read it ({e.strerror})") from None
 
 
+# Distinct followers kept per validation position in the record's representation (the record's 8).
+VAL_FOLLOWERS = 8
+
+
 class ValSource(NamedTuple):
     """The index a validation uses: kind is 'background', 'val-index', 'training' or None."""
 
@@ -110,7 +114,6 @@ def count_exact_val_hints(mode, val_tokens, train_files, max_tokens, lengths, *,
                          f"give --hint-tokens > 0")
     first, n_seq, _ = val_split(len(val_tokens), seq_len, batch_size, dist.rank, dist.world_size)
     if record:
-        from train.evaluate import VAL_FOLLOWERS
         t0 = time.perf_counter()
         span = np.asarray(val_tokens[first * seq_len:(first + n_seq) * seq_len])
         train = read_tokens(train_files, max_tokens, strict=False)
