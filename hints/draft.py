@@ -440,25 +440,36 @@ def replay_chunk(chunk, n_draft, seq, ctx, dyn, st):
     each equals the chunk's next one (adding each to the context cache), then append the chunk's
     true next token (the "sampled" one) and add it; until the chunk is whole.
     seq: a buffer of len(chunk) + n_draft tokens. Returns (n_drafted, n_accept, context cache)."""
-    n_ctx = chunk.shape[0]
     seq[0] = chunk[0]
     m = 1
     drafted, accepted = 0, 0
-    while m < n_ctx:
+    while m < chunk.shape[0]:
         d = draft_into(seq, m, n_draft, ctx, dyn, st, CONTEXT_MIN_TOTAL, CONTEXT_MIN_PERCENT, DYNAMIC_MIN_TOTAL,
                        DYNAMIC_MIN_PERCENT)
         drafted += d
-        for j in range(d):
-            if m >= n_ctx or seq[m] != chunk[m]:
-                break
-            accepted += 1
-            m += 1
-            ctx = add_last(ctx, seq, m)
-        if m < n_ctx:
-            seq[m] = chunk[m]
-            m += 1
-            ctx = add_last(ctx, seq, m)
+        m, a, ctx = verify_draft(chunk, seq, m, d, ctx)
+        accepted += a
     return drafted, accepted, ctx
+
+
+@numba.njit(cache=True)
+def verify_draft(chunk, seq, m, d, ctx):
+    """One replay round after `d` tokens were drafted into seq[m:]: accept them while each equals the
+    chunk's next token (each added to the context cache), then append the chunk's true next token
+    and add it. Returns (the new length m, the drafts accepted, the context cache)."""
+    n_ctx = chunk.shape[0]
+    accepted = 0
+    for _ in range(d):
+        if m >= n_ctx or seq[m] != chunk[m]:
+            break
+        accepted += 1
+        m += 1
+        ctx = add_last(ctx, seq, m)
+    if m < n_ctx:
+        seq[m] = chunk[m]
+        m += 1
+        ctx = add_last(ctx, seq, m)
+    return m, accepted, ctx
 
 
 def check_tokens(tokens, name):

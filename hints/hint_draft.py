@@ -21,9 +21,9 @@ import numba
 import numpy as np
 
 from . import lookup as lookup_kernels
-from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_last,
-                    add_range, cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into,
-                    new_cache, try_primary)
+from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_range,
+                    cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into, new_cache,
+                    try_primary, verify_draft)
 
 # Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
 # the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
@@ -99,23 +99,14 @@ def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purit
 @numba.njit(cache=True)
 def replay_chunk_hints(chunk, n_draft, seq, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
     """replay_chunk (hints/draft.py) with the hints policy's drafts."""
-    n_ctx = chunk.shape[0]
     seq[0] = chunk[0]
     m = 1
     drafted, accepted = 0, 0
-    while m < n_ctx:
+    while m < chunk.shape[0]:
         d = draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first)
         drafted += d
-        for j in range(d):
-            if m >= n_ctx or seq[m] != chunk[m]:
-                break
-            accepted += 1
-            m += 1
-            ctx = add_last(ctx, seq, m)
-        if m < n_ctx:
-            seq[m] = chunk[m]
-            m += 1
-            ctx = add_last(ctx, seq, m)
+        m, a, ctx = verify_draft(chunk, seq, m, d, ctx)
+        accepted += a
     return drafted, accepted, ctx
 
 
