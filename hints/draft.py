@@ -515,21 +515,30 @@ def replay(tokens, n_ctx, n_draft, static=None, progress=None):
     """llama-lookup-stats over a token stream: chunks of n_ctx tokens at every start with
     start + n_ctx < len(tokens), the context cache merged into the dynamic one after each.
     Returns dict(n_drafted, n_accept, n_chunks, draft_s, merge_s, dynamic_bytes)."""
+    st = static if static is not None else empty_static()
+    return replay_with(lambda chunk, seq, ctx, dyn: replay_chunk(chunk, n_draft, seq, ctx, dyn, st),
+                       tokens, n_ctx, n_draft, progress)
+
+
+def replay_with(replay_chunk_fn, tokens, n_ctx, n_draft, progress=None):
+    """The replay's driver for a drafting policy: replay_chunk_fn(chunk, seq, ctx, dyn) replays one
+    chunk (a Numba kernel: replay_chunk here, hints.hint_draft's for the hints policy) and returns
+    (drafted, accepted, context cache); each chunk starts from an empty context cache, which is then
+    merged into the dynamic one. Times only the kernels. The dict of `replay`."""
     import time
     tokens = check_tokens(tokens, "tokens")
-    st = static if static is not None else empty_static()
     ctx, dyn = cache_for_tokens(n_ctx), new_cache()
     seq = np.zeros(n_ctx + n_draft + 1, np.int64)
     drafted = accepted = chunks = 0
     draft_s = merge_s = 0.0
     # compile (or load from Numba's cache) for these argument types before anything is timed
-    merge_into(new_cache(), replay_chunk(tokens[:2], n_draft, seq, new_cache(), new_cache(), st)[2])
+    merge_into(new_cache(), replay_chunk_fn(tokens[:2], seq, new_cache(), new_cache())[2])
     for start in range(0, tokens.size, n_ctx):
         if start + n_ctx >= tokens.size:
             break
         clear_cache(ctx)
         t0 = time.perf_counter()
-        d, a, ctx = replay_chunk(tokens[start:start + n_ctx], n_draft, seq, ctx, dyn, st)
+        d, a, ctx = replay_chunk_fn(tokens[start:start + n_ctx], seq, ctx, dyn)
         t1 = time.perf_counter()
         dyn = merge_into(dyn, ctx)
         merge_s += time.perf_counter() - t1

@@ -15,15 +15,13 @@ llama.cpp's rule's on the same text. `index_first=True` puts the index before th
 The replay looks the index up one position at a time from inside Numba, through the sealed
 index's own search kernel (hints.lookup.lookup_sorted) on its arrays: no Python per token.
 """
-import time
 
 import numba
 import numpy as np
 
 from . import lookup as lookup_kernels
 from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_range,
-                    cache_for_tokens, cache_nbytes, check_tokens, clear_cache, empty_static, merge_into, new_cache,
-                    try_primary, verify_draft)
+                    check_tokens, clear_cache, empty_static, new_cache, replay_with, try_primary, verify_draft)
 
 # Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
 # the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
@@ -117,32 +115,11 @@ def purity_pct(min_purity):
 def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST,
                  progress=None):
     """llama-lookup-stats's replay with the hints policy; the same dict as hints.draft.replay."""
-    tokens = check_tokens(tokens, "tokens")
     ia = IndexArgs(index, n_ctx + n_draft + 1)
-    st = empty_static()
-    ctx, dyn = cache_for_tokens(n_ctx), new_cache()
-    seq = np.zeros(n_ctx + n_draft + 1, np.int64)
-    drafted = accepted = chunks = 0
-    draft_s = merge_s = 0.0
-    # compile (or load from Numba's cache) for these argument types before anything is timed
-    merge_into(new_cache(), replay_chunk_hints(tokens[:2], n_draft, seq, new_cache(), new_cache(), st, ia.table,
-                                               ia.scratch, ia.out, min_count, purity_pct(min_purity), index_first)[2])
-    for start in range(0, tokens.size, n_ctx):
-        if start + n_ctx >= tokens.size:
-            break
-        clear_cache(ctx)
-        t0 = time.perf_counter()
-        d, a, ctx = replay_chunk_hints(tokens[start:start + n_ctx], n_draft, seq, ctx, dyn, st, ia.table, ia.scratch,
-                                       ia.out, min_count, purity_pct(min_purity), index_first)
-        t1 = time.perf_counter()
-        dyn = merge_into(dyn, ctx)
-        merge_s += time.perf_counter() - t1
-        draft_s += t1 - t0
-        drafted, accepted, chunks = drafted + d, accepted + a, chunks + 1
-        if progress is not None:
-            progress.update(n_ctx)
-    return dict(n_drafted=int(drafted), n_accept=int(accepted), n_chunks=chunks, draft_s=draft_s, merge_s=merge_s,
-                dynamic_bytes=cache_nbytes(dyn))
+    st, pct = empty_static(), purity_pct(min_purity)
+    return replay_with(lambda chunk, seq, ctx, dyn: replay_chunk_hints(
+        chunk, n_draft, seq, ctx, dyn, st, ia.table, ia.scratch, ia.out, min_count, pct, index_first),
+        tokens, n_ctx, n_draft, progress)
 
 
 class HintDrafter:
