@@ -54,7 +54,7 @@ def record_args(corpus, *extra):
 def test_record_preset_builds_on_the_clock_and_its_one_validation_waits(corpus, tmp_path):
     """A 2-step record-preset run: the builder indexed 0 tokens before the clock (measured when the
     clock started), started hashing after it, and the one validation (at the end) waited for the
-    index, used it, and counted the wait in train_time_s."""
+    index, used it, and counted any wait in train_time_s: the clock ran until the index was ready."""
     rc, out, s, _ = trainer(record_args(corpus, "--steps", "2"), tmp_path)
     assert rc == 0, out[-6000:]
     b = s["background"]
@@ -64,7 +64,8 @@ def test_record_preset_builds_on_the_clock_and_its_one_validation_waits(corpus, 
     assert b["prefault"]["how"] in ("populate", "fallocate+touch") and b["prefault"]["bytes"] >= b["geometry"]["slots"]
     # one validation, at the end, on the background index, after a wait that is training time
     assert [v["step"] for v in s["val_history"]] == [2] and s["val_index"] == "background"
-    assert b["final_wait_s"] > 0 and s["train_time_s"] >= b["final_wait_s"]
+    # (whether it had to wait depends on the machine: the 2M-token build may finish before the two steps do)
+    assert b["final_wait_s"] >= 0 and s["train_time_s"] >= b["final_wait_s"]
     assert s["val_history"][0]["train_s"] == s["train_time_s"]
     # the index was ready when the wait ended: the clock ran at least until ready_s
     assert s["train_time_s"] >= b["ready_s"] - b["build_started_s"]
