@@ -46,8 +46,7 @@ from train.placement import pin_cuda_rank
 from train.step import LLMC_STEPS, build_model
 from train.positional_hints import PositionalHints, node_directory
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
-                        RECORD_STEPS,
-                        add_plan_args, plan_for_run, train_index_geometry)
+                        RECORD_STEPS, add_plan_args, plan_for_run, train_index_geometry)
 from train.val_hints import (VAL_LOOKUP_WORKERS, arm_background, count_exact_val_hints, open_val_index, record_verdict,
                              start_background)
 from train.warmup import warm_up_and_undo
