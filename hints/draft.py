@@ -501,14 +501,22 @@ class LlamaDrafter:
     def draft(self, seq, n_draft):
         """Up to n_draft tokens after the 1-D token sequence seq (which extends the last one seen)."""
         seq = check_tokens(seq, "sequence")
-        if self.buf.size < seq.size + n_draft:
-            self.buf = np.zeros(2 * (seq.size + n_draft), np.int64)
+        if self.buf.size < seq.size + n_draft + 1:
+            self._grow(2 * (seq.size + n_draft + 1))
         self.buf[:seq.size] = seq
         self.context = add_range(self.context, self.buf, self.seen + 1, seq.size)
         self.seen = max(self.seen, seq.size)
-        d = draft_into(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, CONTEXT_MIN_TOTAL,
-                       CONTEXT_MIN_PERCENT, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)
+        d = self._draft_into(seq.size, n_draft)
         return self.buf[seq.size:seq.size + d].copy()
+
+    def _grow(self, n):
+        """Room for n tokens of sequence and drafts."""
+        self.buf = np.zeros(n, np.int64)
+
+    def _draft_into(self, m, n_draft):
+        """Draft up to n_draft tokens into buf[m:] after buf[:m]; returns how many (the policy's kernel)."""
+        return draft_into(self.buf, m, n_draft, self.context, self.dynamic, self.static, CONTEXT_MIN_TOTAL,
+                          CONTEXT_MIN_PERCENT, DYNAMIC_MIN_TOTAL, DYNAMIC_MIN_PERCENT)
 
 
 def replay(tokens, n_ctx, n_draft, static=None, progress=None):

@@ -20,8 +20,8 @@ import numba
 import numpy as np
 
 from . import lookup as lookup_kernels
-from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, add_range,
-                    check_tokens, clear_cache, empty_static, new_cache, replay_with, try_primary, verify_draft)
+from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, LlamaDrafter,
+                    empty_static, replay_with, try_primary, verify_draft)
 
 # Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
 # the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
@@ -122,33 +122,21 @@ def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=
         tokens, n_ctx, n_draft, progress)
 
 
-class HintDrafter:
-    """The hints policy for generation: draft(seq, n) drafts after the sequence seq."""
+class HintDrafter(LlamaDrafter):
+    """The hints policy for generation: draft(seq, n) drafts after the sequence seq (LlamaDrafter's
+    sequence handling, with the index tried as this policy orders it)."""
 
     def __init__(self, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST):
+        super().__init__()
         self.ia = IndexArgs(index, 1)
         self.index_first = index_first
         self.min_count, self.min_purity = min_count, purity_pct(min_purity)
-        self.static, self.dynamic, self.context = empty_static(), new_cache(), new_cache()
-        self.seen = 0
-        self.buf = np.zeros(0, np.int64)
 
-    def reset(self):
-        """Start a new sequence (the context cache forgets the last one)."""
-        clear_cache(self.context)
-        self.seen = 0
+    def _grow(self, n):
+        super()._grow(n)
+        K = self.ia.out[0].shape[0]
+        self.ia.out = tuple(np.zeros((K, n), np.int32) for _ in range(3))
 
-    def draft(self, seq, n_draft):
-        """Up to n_draft tokens after the 1-D token sequence seq (which extends the last one seen)."""
-        seq = check_tokens(seq, "sequence")
-        n = seq.size + n_draft + 1
-        if self.buf.size < n:
-            self.buf = np.zeros(2 * n, np.int64)
-            K = self.ia.out[0].shape[0]
-            self.ia.out = tuple(np.zeros((K, 2 * n), np.int32) for _ in range(3))
-        self.buf[:seq.size] = seq
-        self.context = add_range(self.context, self.buf, self.seen + 1, seq.size)
-        self.seen = max(self.seen, seq.size)
-        d = draft_hints(self.buf, seq.size, n_draft, self.context, self.dynamic, self.static, self.ia.table,
-                        self.ia.scratch, self.ia.out, self.min_count, self.min_purity, self.index_first)
-        return self.buf[seq.size:seq.size + d].copy()
+    def _draft_into(self, m, n_draft):
+        return draft_hints(self.buf, m, n_draft, self.context, self.dynamic, self.static, self.ia.table,
+                           self.ia.scratch, self.ia.out, self.min_count, self.min_purity, self.index_first)
