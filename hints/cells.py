@@ -103,6 +103,16 @@ def mask_hints(hints, tokens, boundary=BOS, lengths=None, skip=0):
                        kind=np.where(cut, -1, hints.kind).astype(np.int16))
 
 
+def document_hints(index, stream, start, stop, lengths, boundary=BOS):
+    """Per-length hints of positions [start, stop) of `stream` from `index` (anything with
+    lookup_span: HintIndex, hints.exact.ExactHints), with documents as boundaries: a length whose
+    n-gram at t would reach back past a BOS (or the stream's start) gets no hint there. Every
+    per-length lookup of a run goes through here: training, validation, stats, generation."""
+    h = index.lookup_span(stream, start, stop)
+    w = max(0, start - (max(lengths) - 1))  # reach at start..stop-1 needs the longest n-gram's tokens before it
+    return mask_hints(h, stream[w:stop], boundary, lengths, skip=start - w)
+
+
 def describe_boundary(boundary):
     """One line saying which boundary rule a lookup used."""
     b = check_boundary(boundary)

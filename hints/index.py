@@ -362,6 +362,11 @@ class HintIndex:
         return self
 
     @property
+    def lengths(self):
+        """The n-gram lengths it indexes (as hints.exact.ExactHints has them)."""
+        return self.geom.lengths
+
+    @property
     def side_capacity(self):
         """Entries the sealed index's side table has room for (0 when unsealed)."""
         return int(self._side[1][-1]) if self.sealed else 0

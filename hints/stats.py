@@ -8,7 +8,7 @@ restarts at every BOS, and the stats say which rule they used.
 """
 import numpy as np
 
-from .cells import BOS, check_boundary, describe_boundary, mask_hints
+from .cells import BOS, check_boundary, describe_boundary, document_hints
 from .kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, count_bucket_label, kind_parts, n_kinds, purity_bucket_label
 
 STATS_CHUNK = 1 << 22  # positions per lookup call: bounds the memory of stats on long streams
@@ -20,7 +20,6 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None, boundary=BOS):
     tokens = np.asarray(tokens)
     boundary = check_boundary(boundary)
     K = index.geom.n_lengths
-    back = max(index.geom.lengths) - 1
     n_scored = max(0, tokens.size - 1)
     covered = np.zeros(K, dtype=np.int64)
     correct = np.zeros(K, dtype=np.int64)
@@ -28,9 +27,7 @@ def hint_stats(index, tokens, chunk=STATS_CHUNK, progress=None, boundary=BOS):
     kind_correct = np.zeros(n_kinds(K), dtype=np.int64)
     for a in range(0, n_scored, chunk):
         b = min(n_scored, a + chunk)
-        h = index.lookup_span(tokens, a, b)
-        w = max(0, a - back)  # reach at a..b-1 needs the tokens back to the longest n-gram's start
-        h = mask_hints(h, tokens[w:b], boundary, index.geom.lengths, skip=a - w)
+        h = document_hints(index, tokens, a, b, index.geom.lengths, boundary)
         tok, kind = h.token, h.kind
         nxt = tokens[a + 1:b + 1].astype(np.int32)
         has = tok >= 0

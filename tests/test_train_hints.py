@@ -13,8 +13,9 @@ from data.loader import Batch, DistributedDataLoader
 from data.shards import write_shard
 from data.tokenizer import EOT_TOKEN
 from hints import Geometry, HintIndex
+from hints.reference import reference_reach
 from train.data import val_split
-from train.evaluate import ValHintCache
+from train.evaluate import ValHintCache, val_hint_arrays
 from train.val_hints import pick_val_index
 from train.hint_prep import HintPrep
 
@@ -79,9 +80,9 @@ def test_training_hints_are_causal_and_span_rank_and_step_boundaries(tmp_path):
         # tokens of the earlier steps (nothing of this step or later).
         ref = HintIndex(GEOM)
         ref.add(stream[:step * G])
-        h = ref.lookup(stream[:(step + 1) * G])
-        np.testing.assert_array_equal(tok, h.token[:, step * G:].T)
-        np.testing.assert_array_equal(kind, h.kind[:, step * G:].T)
+        want_tok, want_kind = in_documents(ref.lookup(stream[:(step + 1) * G]), stream[:(step + 1) * G], skip=step * G)
+        np.testing.assert_array_equal(tok, want_tok.T)
+        np.testing.assert_array_equal(kind, want_kind.T)
         if step == 1:  # first occurrence: the continuation is in this very batch, not in the index
             assert (tok[ends[1] - G] == -1).all()
         if step in (3, 4):  # seen at step 1: hinted now, all three lengths, full n-grams at slice starts
@@ -107,13 +108,57 @@ def test_document_aligned_batches_keep_hints_causal(tmp_path):
     for step in range(6):
         items, tok, kind = global_hints(preps)
         rows = np.concatenate([it.x.numpy().reshape(-1) for it in items]).astype(np.uint16)
-        h = ref.lookup(np.concatenate(seen_rows + [rows]))  # the index of earlier steps' rows only
-        np.testing.assert_array_equal(tok, h.token[:, -rows.size:].T)
-        np.testing.assert_array_equal(kind, h.kind[:, -rows.size:].T)
+        seen = np.concatenate(seen_rows + [rows])
+        want_tok, want_kind = in_documents(ref.lookup(seen), seen, skip=seen.size - rows.size)  # earlier steps' rows only
+        np.testing.assert_array_equal(tok, want_tok.T)
+        np.testing.assert_array_equal(kind, want_kind.T)
         ref.add(rows)
         seen_rows.append(rows)
         hinted += int((tok[:, 0] == FOLLOW).sum())
     assert hinted >= 1  # a later occurrence of the planted n-gram was hinted from an earlier step
+
+
+def in_documents(h, tokens, skip=0):
+    """Reference hints h (K, n) over tokens[skip:] with documents as boundaries, by the plain-Python
+    reach: a length whose n-gram would reach back past a BOS or the stream's start is absent."""
+    r = np.array(reference_reach(tokens))[skip:]
+    cut = r[None, :] < np.array(GEOM.lengths)[:, None]
+    return np.where(cut, -1, h.token[:, skip:]), np.where(cut, -1, h.kind[:, skip:])
+
+
+# 20 tokens that end a document and start the next: the n-grams ending at its last token are
+# whole within the second document for lengths 6 and 10 (the 10-gram starts at the BOS), and
+# cross into the first document for length 20.
+SPANNING = np.concatenate([np.arange(200, 209), [EOT_TOKEN], np.arange(300, 310)]).astype(np.uint16)
+
+
+def test_training_and_validation_hints_restart_at_documents(tmp_path):
+    """An n-gram that crosses a BOS is never looked up, in training (HintPrep) and in validation
+    and generation (val_hint_arrays), though the index holds it: the 6- and 10-gram ending in the
+    second document are hinted, the 20-gram reaching into the first is not."""
+    stream, _ = planted_stream(seed=2)
+    ends = (G + 30, 3 * G + B * T + 5)  # step 1 (rank 0), step 3 (rank 1, its n-grams spanning the rank boundary)
+    for end in ends:
+        stream[end - 19:end + 1], stream[end + 1] = SPANNING, FOLLOW
+    path = write_shard(tmp_path / "train_000000.bin", stream)
+    preps = [prep_for(path, r, WORLD, B) for r in range(WORLD)]
+    for step in range(5):
+        _, tok, kind = global_hints(preps)
+        ref = HintIndex(GEOM)
+        ref.add(stream[:step * G])
+        want_tok, want_kind = in_documents(ref.lookup(stream[:(step + 1) * G]), stream[:(step + 1) * G], skip=step * G)
+        np.testing.assert_array_equal(tok, want_tok.T)
+        np.testing.assert_array_equal(kind, want_kind.T)
+        if step == 3:
+            assert tok[ends[1] - step * G].tolist() == [FOLLOW, FOLLOW, -1]
+    # validation and generation: the same rule over a stream the index has seen whole
+    assert (ref.lookup(stream).token[:, ends[1]] == FOLLOW).all()  # the index itself hints all three lengths
+    for start in (0, ends[1] - 3, ends[1]):
+        tok, kind = val_hint_arrays(ref, stream, start, ends[1] + 1)
+        assert tok[-1].tolist() == [FOLLOW, FOLLOW, -1]
+        want_tok, want_kind = in_documents(ref.lookup(stream[:ends[1] + 1]), stream[:ends[1] + 1], skip=start)
+        np.testing.assert_array_equal(tok, want_tok.T)
+        np.testing.assert_array_equal(kind, want_kind.T)
 
 
 def test_two_ranks_give_the_hints_of_one_rank_with_the_whole_batch(tmp_path):
@@ -201,8 +246,8 @@ def test_val_hints_cached_per_index_state(tmp_path):
     cache = ValHintCache()
     a = cache.get(idx, val, 1000, 3000)
     assert cache.get(idx, val, 1000, 3000)[0] is a[0]  # same index state: cached
-    h = idx.lookup(val[:3000])
-    np.testing.assert_array_equal(a[0], h.token[:, 1000:].T)  # the prefix gives full n-grams
+    want_tok, _ = in_documents(idx.lookup(val[:3000]), val[:3000], skip=1000)
+    np.testing.assert_array_equal(a[0], want_tok.T)  # the prefix gives full n-grams
     idx.add(val[2000:4000])
     b = cache.get(idx, val, 1000, 3000)
     assert b[0] is not a[0]  # the index grew: looked up again

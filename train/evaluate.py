@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from data.units import human_tokens
-from hints.cells import BOS
+from hints.cells import BOS, document_hints
 from model import autocast_context
 from train.data import val_split
 from train.positional_hints import cells_to_arrays
@@ -24,14 +24,14 @@ from train.val_hints import VAL_FOLLOWERS, ValSource, pick_index, wait_for_backg
 def val_hint_arrays(index, tokens, start, stop, record=False):
     """The model's hint inputs for positions [start, stop) of a token stream, from `index`: a
     tuple of arrays of stop - start rows, (n, K) int64 hinted tokens and kinds, each position's
-    n-grams read from the whole stream before it. Validation (ValHintCache) and generation
+    n-grams read from the stream before it back to its document's BOS (hints.cells.document_hints). Validation (ValHintCache) and generation
     (train/inference.py) both call this, so a position gets the same hints in either.
     record: the record's cells of tokens[start:stop] as one segment (the module docstring):
     (n, F) followers, (n,) cells and (n, F) float32 counts."""
     if record:
         cells = index.lookup_cells(tokens[start:stop], max_followers=VAL_FOLLOWERS, boundary=BOS)
         return tuple(a.reshape(stop - start, *a.shape[2:]) for a in cells_to_arrays(cells, 1, stop - start))
-    h = index.lookup_span(tokens, start, stop)
+    h = document_hints(index, tokens, start, stop, index.lengths)
     return tuple(np.ascontiguousarray(a.T, dtype=np.int64) for a in (h.token, h.kind))
 
 

@@ -8,7 +8,8 @@ Two sources, one per hint representation (model/gpt.py's hint_repr):
            on: `HintPrep` looks up the hints of this rank's inputs in it (it holds only earlier
            steps) and only then adds the step's global batch. It serves the "lengths"
            representation (the positional index gives Cells, not per-length hints) and runs whose
-           data order is not known ahead; n-grams there run across documents, ranks and steps.
+           data order is not known ahead. Its lookups restart n-grams at every BOS
+           (hints.cells.document_hints); they read the stream across ranks' slices and steps.
 `HintPrep` loads a step's batch and prepares its hints; a background thread runs it ahead of the
 GPU through a bounded queue; the loop logs how long it waited for it.
 """
@@ -20,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from hints.cells import document_hints
 
 # Hint preparation runs this many steps ahead of the GPU (queue depth): enough to absorb
 # jitter of the lookup/add, small enough that the prepared batches stay in pinned memory.
@@ -97,7 +100,8 @@ class HintPrep:
             g = batch.global_tokens
             stream = np.concatenate([self.tail, g])  # the previous step's end gives rank 0 its context
             start = len(self.tail) + r * B * T
-            tok, kind = hints_to_arrays(self.lookup_index.lookup_span(stream, start, start + B * T), B, T)
+            h = document_hints(self.lookup_index, stream, start, start + B * T, self.index.lengths)
+            tok, kind = hints_to_arrays(h, B, T)
             ht, hk = torch.from_numpy(tok), torch.from_numpy(kind)
             t2 = time.perf_counter()
             self.index.add(g)  # only now: the hints of this step came from earlier steps
