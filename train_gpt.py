@@ -1,6 +1,7 @@
 """train_gpt.py: the NanoGPT speedrun with n-gram hints. A script: it reads top to bottom.
 
-set up -> data -> model -> hint indexes -> resume -> warm-up -> the loop -> summary.
+set up -> data -> model -> hint indexes -> resume -> warm-up -> the loop -> summary. main() is that
+outline; the run's shared state is one object, train/run.py's Run, and train/ holds the rest.
 
 Training-time hints come only from tokens already trained on (train/hint_prep.py, in a thread
 ahead of the GPU): with --hint-repr record from one exact positional index per node over the known
@@ -17,39 +18,34 @@ docs/design.md explains the whole; --help lists every flag.
     torchrun --standalone --nproc_per_node=8 train_gpt.py --preset record
 """
 import argparse
-import dataclasses
-import json
 import os
 import random
 import signal
 import sys
-import time
 
 import numpy as np
 import torch
 
-from data.loader import SPEEDRUN_VAL_TOKENS, DistributedDataLoader, resolve_files
+from data.loader import SPEEDRUN_VAL_TOKENS
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
-from hints import Geometry, HintIndex
-from hints.index import compile_kernels
 from hints.geometry import DEFAULT_LENGTHS, parse_lengths
-from model import HINT_REPRS, RECORD_BACKBONE, gpu_paths_enabled
+from model import HINT_REPRS, RECORD_BACKBONE
 from model.gpt import ATTN_BLOCK_SIZE
 from train import checkpoint
-from train.common import REPO_DIR, init_dist, keep_freed_memory, new_run_id, open_log
+from train.common import REPO_DIR, keep_freed_memory
 from train.data import open_data, repo_glob
-from train.evaluate import ValHintCache, evaluate, validate
+from train.hint_indexes import open_hint_indexes
 from train.hint_prep import HintPrep
 from train.meter import Meter
-from train.placement import pin_cuda_rank
-from train.step import LLMC_STEPS, build_model
-from train.positional_hints import PositionalHints, node_directory
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
-                        RECORD_STEPS, add_plan_args, plan_for_run, train_index_geometry)
-from train.val_hints import (VAL_LOOKUP_WORKERS, arm_background, count_exact_val_hints, open_val_index, record_verdict,
-                             start_background)
-from train.warmup import warm_up_and_undo
+                        RECORD_STEPS, add_plan_args, plan_for_run)
+from train.run import resume, start_run
+from train.step import LLMC_STEPS, build_model
+from train.summary import close_run, run_summary
+from train.sync_points import SyncPoints, sync_point
+from train.val_hints import arm_background
+from train.warmup import warm_up
 
 # The 2025-01-04 record's Muon momentum warm-up (0.85 -> 0.95 over 300 of its 1390 steps), scaled
 # to the article's 270 steps.
@@ -233,192 +229,72 @@ def main(argv=None):
             return print(plan.to_json())
         args.hint_tokens = plan.hint_tokens
     args.hint_tokens = args.hint_tokens or 0
-    d = init_dist()
-    run_id = new_run_id(args.preset, d)
-    log = open_log(args.log_dir, run_id, d, args.wandb_project if args.wandb else None, vars(args))
-    log(f"run {run_id}: {' '.join(sys.argv)}")
-    if plan:
-        log(f"plan: {plan.reason}")
-    log(f"torch {torch.__version__}, {d.world_size} process(es), device {d.device}"
-        + (f" ({torch.cuda.get_device_name(d.device)})" if d.cuda else f", {torch.get_num_threads()} threads")
-        + f", GPU paths {'on' if gpu_paths_enabled() else 'off'}")
+    run = start_run(args, plan, hint_files)  # the processes, the run id, the log; train/run.py's Run holds the rest
+    d, log = run.d, run.log
 
     # -- data ----------------------------------------------------------------------------------
     if args.batch_size is None:  # record: ~262k tokens per step over all ranks
         args.batch_size = max(1, min(RECORD_MAX_RANK_BATCH, RECORD_GLOBAL_BATCH_TOKENS // (d.world_size * args.seq_len)))
     args.val_batch_size = args.val_batch_size or args.batch_size
     B, T, total = args.batch_size, args.seq_len, args.steps
-    global_batch = d.world_size * B * T
-    train_files, val_files, loader, val_tokens = open_data(
+    run.train_files, _, run.loader, run.val_tokens = open_data(
         args, d, log, local_corpus=args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"])
 
     # -- model and optimizers --------------------------------------------------------------------
     torch.manual_seed(args.seed), np.random.seed(args.seed), random.seed(args.seed)
-    lengths = args.hint_lengths
-    model, train_model, optimizers, train_step = build_model(args, d, total)
-    cfg = model.cfg
+    run.model, run.train_model, run.optimizers, run.train_step = build_model(args, d, total)
+    cfg = run.model.cfg
     log(f"model: {args.arch} {cfg.n_layer} layers x {cfg.n_embd} wide, {cfg.n_head} heads, seq_len {T}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, backbone features "
+        f"{sum(p.numel() for p in run.model.parameters()) / 1e6:.1f}M parameters, backbone features "
         f"{cfg.speedrun_features() or 'none'}")
-    log(f"training: {total} steps x {global_batch:,} tokens ({d.world_size} x {B} x {T}) = "
-        f"{human_tokens(total * global_batch)} tokens, lr x{args.lr_scale}, {train_step.describe()}")
+    log(f"training: {total} steps x {run.global_batch:,} tokens ({d.world_size} x {B} x {T}) = "
+        f"{human_tokens(total * run.global_batch)} tokens, lr x{args.lr_scale}, {run.train_step.describe()}")
 
-    # -- hint indexes ------------------------------------------------------------------------------
-    record = args.hint_repr == "record"
-    geom = None if args.no_hints or record else train_index_geometry(args, total * global_batch)
-    index = HintIndex(geom, workers=args.hint_workers) if geom else None
-    positional = None
-    if record and not args.no_hints:  # one per node: local rank 0 builds it, every rank maps it
-        positional = PositionalHints(node_directory(run_id, d.node), B, T, d.rank, d.world_size, lengths)
-        log(f"training-time hints (record): one exact positional index per node over the run's {total} steps, "
-            f"built by local rank 0 in phases from the clock's start; lookups see the tokens before their step (cap {positional.cap}, "
-            f"{positional.max_followers} followers)")
-    else:
-        log(f"training-time hint index (per rank): {geom.describe()}" if geom else "training-time hints: off (--no-hints)")
-    if geom or positional or args.val_index or args.val_hints == "background":
-        log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
-            f"Numba's cache; untimed)")
-    val_index = open_val_index(args.val_index, lengths, log, record=args.hint_repr == "record") if args.val_index else None
-    background, exact, builder_cpus = None, None, None
-    with_background = args.val_hints == "background" and args.hint_tokens > 0
-    if args.switch_hints_at and (not with_background or set(resolve_files(hint_files)) & set(resolve_files(train_files))):
-        raise SystemExit("error: --switch-hints-at: needs a background index built from --hint-files disjoint from "
-                         "--train-files (an index holding the training tokens would hint the very tokens being predicted)")
-    if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
-        builder_cpus = pin_cuda_rank(d.local_rank, d.local_world_size, 1 + args.hint_workers, log)
-    if with_background:
-        bg_geom = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
-                                              if args.hint_geometry else None)
-        background = start_background(hint_files, args.hint_tokens, lengths, bg_geom, run_id, d, args.hint_workers,
-                                      builder_cpus, log, workers=plan.builder_threads if plan else None,
-                                      seal=getattr(args, "bg_seal", True))
-    if args.val_hints != "background":
-        exact = count_exact_val_hints(args.val_hints, val_tokens, hint_files, args.hint_tokens, lengths, seq_len=T,
-                                      batch_size=args.val_batch_size, dist=d, log=log, record=record)
+    # -- hint indexes: training-time, validation, the background builder (train/hint_indexes.py) ----
+    open_hint_indexes(run)
 
     # -- resume ------------------------------------------------------------------------------------
-    start_step, tail, saved = 0, None, {}
-    settings = checkpoint.run_settings(args, cfg, geom, train_files)
+    run.settings = checkpoint.run_settings(args, cfg, run.geom, run.train_files)
     if args.resume:
-        start_step, index, tail, saved = checkpoint.restore_run(
-            args.resume, d, settings=settings, model=model, optimizers=optimizers, loader=loader, index=index,
-            global_batch=global_batch, hint_workers=args.hint_workers)
-        log(f"resumed from {args.resume} at step {start_step} (training index {index.tokens_added if index else 0:,} tokens)")
-
+        resume(run)
 
     # -- untimed warm-up (compiles the training and validation graphs), then undone ---------------
     if args.warmup_steps > 0:
-        warm_positional = None  # the record's representation warms up on a throwaway index of the warm-up's steps
-        if positional:
-            warm_positional = PositionalHints(node_directory(run_id + "-warmup", d.node), B, T, d.rank, d.world_size, lengths)
-            if d.local_rank == 0:
-                warm_positional.start_build(train_files, args.warmup_steps, args.align_documents)
-        warm_index = HintIndex(dataclasses.replace(Geometry.preset("tiny"), lengths=lengths)) if index else (
-            warm_positional.trained(1) if positional else None)  # hints for the warm-up's validation graph
-        warm = HintPrep(DistributedDataLoader(train_files, B, T, rank=d.rank, world_size=d.world_size,
-                                              align_to_documents=args.align_documents),
-                        None if positional else warm_index, d.rank, d.world_size, pin=d.cuda, positional=warm_positional)
-        seconds = warm_up_and_undo(
-            model, optimizers, lambda i: train_step(warm.prepare(), start_step + i), args.warmup_steps,
-            lambda: evaluate(train_model, val_tokens[:T * d.world_size * args.val_batch_size + 1], warm_index,
-                             seq_len=T, batch_size=args.val_batch_size, dist=d, record=record), d)
-        log(f"warm-up: {args.warmup_steps} steps in {seconds:.1f}s (untimed, then undone)")
+        warm_up(run)
 
-    # -- the loop: sync points (validation, checkpoints) stop the clock and the prep thread ----------
-    val_steps = {s for s in range(1, total + 1) if s == total or (args.val_every and s % args.val_every == 0)}
-    ckpt_steps = {s for s in range(1, total + 1) if args.save_checkpoint and (
-        s == total or (args.checkpoint_every and s % args.checkpoint_every == 0))}
-    # from --switch-hints-at on, each log interval asks whether every rank has the background index, until one does
-    switch_steps = set(range(args.switch_hints_at, total, args.log_every)) if args.switch_hints_at and with_background else set()
-    next_sync = lambda s: min((t for t in val_steps | ckpt_steps | switch_steps if t > s), default=total)  # noqa: E731
-    cache = ValHintCache()
-    meter = Meter(d, global_batch, model.flops_per_token(T), saved, args.target_val_loss)
-    if with_background:  # the builder gets ready before the clock and hashes from its start
-        arm_background(background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
+    # -- the timed loop: sync points (validation, checkpoints) stop the clock and the prep thread ----
+    sync = SyncPoints(run)
+    meter = run.meter = Meter(d, run.global_batch, run.model.flops_per_token(T), run.saved, args.target_val_loss)
+    if run.with_background:  # the builder gets ready before the clock and hashes from its start
+        arm_background(run.background, meter, d, log, timeout_s=None if args.bg_wait == float("inf") else args.bg_wait)
+    positional = run.positional
     if positional and d.local_rank == 0:  # its n-grams are hashed on the clock: the build starts at its first start
-        meter.on_clock_start.append(lambda _: positional.start_build(train_files, total, args.align_documents, log))
-    prep = HintPrep(loader, index, d.rank, d.world_size, pin=d.cuda, tail=tail,
-                    positional=positional).start(limit=next_sync(start_step))
+        meter.on_clock_start.append(lambda _: positional.start_build(run.train_files, total, args.align_documents, log))
+    run.prep = HintPrep(run.loader, run.index, d.rank, d.world_size, pin=d.cuda, tail=run.tail,
+                        positional=positional).start(limit=sync.next_after(run.start_step))
     try:
         if not positional:  # the queue starts full (the positional index's steps wait for its first phase, on the clock)
-            prep.wait_filled()
+            run.prep.wait_filled()
         meter.start()
-        for step in range(start_step, total + 1):
-            if step > start_step and step in val_steps | ckpt_steps | switch_steps:
-                meter.stop()
-                prep.wait_idle()  # the thread stopped at this step: index and loader are as of `step`
-                if step in val_steps:
-                    meter.record_val(step, validate(train_model, val_tokens, step=step, total=total,
-                                                    with_background=with_background, background=background,
-                                                    bg_wait=args.bg_wait, val_index=val_index,
-                                                    train_index=positional.trained(step) if positional else index,
-                                                    seq_len=T, batch_size=args.val_batch_size, dist=d, cache=cache,
-                                                    log=log, exact=exact, record=record), log)
-                if step in ckpt_steps:
-                    t0, path = time.perf_counter(), checkpoint.step_path(args.save_checkpoint, step, step == total)
-                    checkpoint.save_run(path, step, d, model=model, optimizers=optimizers, loader=loader,
-                                        index=index, tail=prep.tail, progress=meter.snapshot(),
-                                        settings=settings, args=args)
-                    log(f"checkpoint: step {step} -> {path} (+ manifest) in {time.perf_counter() - t0:.1f}s")
-                if step in switch_steps and all(d.gather(background is not None and background.ready())):
-                    prep.switch_lookups(background.open(workers=VAL_LOOKUP_WORKERS))
-                    switch_steps.clear()
-                    meter.switched_at = step
-                    log(f"training-time hints: from step {step + 1} on, looked up in the background index "
-                        f"({background.describe()})")
-                if step < total and not meter.target:
-                    prep.set_limit(next_sync(step))
-                    prep.wait_filled()
-                    meter.start()
+        for step in range(run.start_step, total + 1):
+            if step > run.start_step and step in sync:
+                sync_point(run, sync, step)  # stops the clock; validates, checkpoints, switches; restarts it
             if step == total or meter.target:
                 break
-            item, waited = prep.get()
-            meter.record(train_step(item, step), waited, item)
+            item, waited = run.prep.get()
+            meter.record(run.train_step(item, step), waited, item)
             done = step + 1
-            if done in (total, start_step + 1) or done % args.log_every == 0 or done in val_steps | ckpt_steps:
+            if done in (total, run.start_step + 1) or done % args.log_every == 0 or done in sync.val | sync.checkpoint:
                 line, metrics = meter.interval_line(done, total)
-                log(line + (f" | bg index {background.describe()}" if background else ""))
+                log(line + (f" | bg index {run.background.describe()}" if run.background else ""))
                 log.metrics(metrics, done)
         meter.stop()
     finally:
-        prep.close()
+        run.prep.close()
 
-    # -- summary -------------------------------------------------------------------------------------
-    bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
-    # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
-    # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
-    # --val-hints exact runs are experiments)
-    attempt = args.preset == "record" and not args.no_hints and with_background
-    record_valid, record_reason = d.broadcast(record_verdict(attempt, meter.last_val, bg_status))
-    summary = meter.finish(
-        log, meter.target[0] if meter.target else total, d.gather(checkpoint.param_digest(model)), run_id=run_id, preset=args.preset, arch=args.arch,
-        world_size=d.world_size, device=str(d.device), resumed_from_step=start_step if args.resume else None,
-        seq_len=T, batch_size=B, hint_lengths=list(lengths), hint_kinds=cfg.n_hint_kinds, no_hints=args.no_hints,
-        hint_tokens_train=int(index.tokens_added) if index is not None else (
-            total * global_batch if positional is not None else 0), hint_repr=args.hint_repr,
-        positional_build_s=positional.build_s if positional is not None else None,
-        positional_build_started_s=(positional.started_at - meter.clock_start  # seconds after the clock's start
-                                    if positional is not None and positional.started_at is not None else None),
-        positional_phases=positional.phases if positional is not None else None,
-        background=bg_status, record_valid=record_valid, record_reason=record_reason, val_hint_path=args.val_hints,
-        val_hints_count_s=exact.seconds if exact else None, val_hints_in_timed_region=False,
-        hints_switched_at_step=meter.switched_at,
-        plan=plan.to_dict() if plan else None,
-        checkpoint=args.save_checkpoint, log_file=log.path)
-    if d.master and args.summary_json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, indent=1)
-        log(f"summary: {args.summary_json}")
-    d.barrier()  # every rank is done with the background index before its owner removes it
-    if background is not None:
-        background.close()
-    if record_valid is False:
-        log(f"record attempt FAILED: {record_reason}")
-    log.close()
-    d.close()
-    if record_valid is False:
-        raise SystemExit(1)
+    # -- summary (train/summary.py) ------------------------------------------------------------------
+    summary = run_summary(run)
+    close_run(run, summary)
     return summary
 
 

@@ -100,24 +100,25 @@ def evaluate(model, val_tokens, index, *, seq_len, batch_size, dist, cache=None,
                 tokens=int(n_seq * seq_len * dist.world_size), lookup_s=lookup_s)
 
 
-def validate(model, val_tokens, *, step, total, with_background, background, bg_wait, val_index, train_index,
-             seq_len, batch_size, dist, cache, log, exact=None, record=False):
-    """One validation of a run: at the end, wait for a late background index (up to bg_wait
-    seconds); pick the index on every rank alike; evaluate with and without hints; log one line.
-    with_background: the run asked for a background index (the same on every rank, even where
-    `background` is None because it could not start or attach there). exact: exact hints counted
-    before training (count_exact_val_hints), which then give every hinted loss.
+def validate(run, step):
+    """One validation of `run` (train/run.py's Run) at `step`: at the end, wait for a late
+    background index (up to --bg-wait seconds); pick the index on every rank alike; evaluate with
+    and without hints; log one line. The run's with_background: it asked for a background index
+    (the same on every rank, even where run.background is None because it could not start or attach
+    there). run.exact: exact hints counted before training (count_exact_val_hints), which then give
+    every hinted loss.
     Returns evaluate()'s dict plus index (kind), index_reason, index_tokens, index_desc and
     bg_wait_s (seconds waited for the background index: training time, as the speedrun counts it)."""
+    dist, log, total, exact = run.d, run.log, run.steps, run.exact
     t0, waited = time.perf_counter(), 0.0
     if exact is not None:
         source, index = ValSource("exact", f"exact counts ({exact.backend}, {exact.seconds:.1f}s before training)"), exact
     else:
-        if with_background and step == total and bg_wait > 0:
-            waited = wait_for_background(background, bg_wait, dist, log)
-        source, index = pick_index(with_background, background, val_index, train_index, dist)
-    res = evaluate(model, val_tokens, index, seq_len=seq_len, batch_size=batch_size, dist=dist, cache=cache,
-                   record=record)
+        if run.with_background and step == total and run.args.bg_wait > 0:
+            waited = wait_for_background(run.background, run.args.bg_wait, dist, log)
+        source, index = pick_index(run.with_background, run.background, run.val_index, run.training_index(step), dist)
+    res = evaluate(run.train_model, run.val_tokens, index, seq_len=run.seq_len, batch_size=run.args.val_batch_size,
+                   dist=dist, cache=run.cache, record=run.record)
     n = int(index.tokens_added) if index is not None else 0
     res.update(index=source.kind, index_reason=source.reason, index_tokens=n, bg_wait_s=waited,
                index_desc=f"{source.kind or 'none'}, {human_tokens(n)} tokens")
