@@ -270,11 +270,11 @@ def main(argv=None):
     positional = run.positional
     if positional and d.local_rank == 0:  # its n-grams are hashed on the clock: the build starts at its first start
         meter.on_clock_start.append(lambda _: positional.start_build(run.train_files, total, args.align_documents, log))
+    # the prep thread prepares nothing before the clock: its lookups and adds are hint work, on the clock
     run.prep = HintPrep(run.loader, run.index, d.rank, d.world_size, pin=d.cuda, tail=run.tail,
-                        positional=positional).start(limit=sync.next_after(run.start_step))
+                        positional=positional).start(limit=run.start_step)
+    meter.on_clock_start.append(lambda _: run.prep.set_limit(sync.next_after(run.start_step)))
     try:
-        if not positional:  # the queue starts full (the positional index's steps wait for its first phase, on the clock)
-            run.prep.wait_filled()
         meter.start()
         for step in range(run.start_step, total + 1):
             if step > run.start_step and step in sync:

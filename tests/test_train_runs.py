@@ -82,6 +82,8 @@ def test_two_gloo_ranks_match_one_rank_and_stay_identical(corpus, tmp_path):
     assert abs(two["val_loss_hints"] - one["val_loss_hints"]) < 1e-4
     assert abs(two["val_loss_nohints"] - one["val_loss_nohints"]) < 1e-4
     assert two["hint_tokens_train"] == one["hint_tokens_train"] == 6 * 256  # every rank saw the global stream
+    # no step's hints are looked up or added before the clock: the prep thread starts at the clock's start
+    assert 0.0 <= two["hint_prep_started_s"] < 5.0 and 0.0 <= one["hint_prep_started_s"] < 5.0
 
 
 def test_record_hints_two_gloo_ranks(corpus, tmp_path):
@@ -93,7 +95,7 @@ def test_record_hints_two_gloo_ranks(corpus, tmp_path):
     assert s["hint_tokens_train"] == 6 * 256 and s["positional_build_s"] is not None
     # no n-gram of the run is hashed before the clock: the build starts at the clock's start (the warm-up ran on
     # an index of its own)
-    assert 0.0 <= s["positional_build_started_s"] < 5.0
+    assert 0.0 <= s["positional_build_started_s"] < 5.0 and 0.0 <= s["hint_prep_started_s"] < 5.0
     assert [p[0] for p in s["positional_phases"]] == [6 * 256]  # one phase: the run is shorter than 8 steps
     assert s["val_loss_hints"] is not None and s["val_index"] == "training"
     assert sorted(losses(s)) == list(range(1, 7))

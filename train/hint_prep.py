@@ -81,9 +81,12 @@ class HintPrep:
         self._stop = False
         self._error = None
         self._thread = None
+        self.started_at = None  # time.monotonic() of the first prepare(): on the clock in a run
 
     # -- one step, synchronously ------------------------------------------------------------
     def prepare(self):
+        if self.started_at is None:
+            self.started_at = time.monotonic()
         t0 = time.perf_counter()
         batch = self.loader.next_batch()
         t1 = time.perf_counter()

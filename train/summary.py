@@ -36,6 +36,8 @@ def run_summary(run):
         "positional_build_started_s": (positional.started_at - meter.clock_start  # seconds after the clock's start
                                        if positional is not None and positional.started_at is not None else None),
         "positional_phases": positional.phases if positional is not None else None,
+        "hint_prep_started_s": (run.prep.started_at - meter.clock_start  # the prep thread's first step, after the clock's start
+                                if run.prep.started_at is not None and meter.clock_start is not None else None),
         "background": bg_status, "record_valid": record_valid, "record_reason": record_reason,
         "val_hint_path": args.val_hints, "val_hints_count_s": run.exact.seconds if run.exact else None,
         "val_hints_in_timed_region": False, "hints_switched_at_step": meter.switched_at,
