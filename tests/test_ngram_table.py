@@ -163,6 +163,7 @@ def ve_init():
 
 
 def drive_value_embeds(opt, ranks):
+    """The parameter after each event (and, last, this rank's first moments)."""
     out = []
     for s in range(STEPS):
         for r in ranks:
@@ -170,11 +171,12 @@ def drive_value_embeds(opt, ranks):
         if is_update_step(s, PERIOD4):
             opt.update(s, LR)
             out.append(opt.param.detach().clone())
-    return out
+    return out + [opt.exp_avg.clone()]
 
 
 def dense_value_embeds(ranks):
-    """value_embeds' Adam on the whole table, every row at every event, from the sheet's formula."""
+    """value_embeds' Adam on the whole table, every row at every event, from the sheet's formula: the
+    parameter after each event, then the first moments."""
     w, m, v = ve_init().float(), torch.zeros(VE_PLANES * VE_VOCAB, DIM), torch.zeros(VE_PLANES * VE_VOCAB, DIM)
     t, out, grad = 0, [], 0
     for s in range(STEPS):
@@ -190,7 +192,7 @@ def dense_value_embeds(ranks):
             u = u + torch.where(u * w > 0, w * (lr * lr * 0.005 * wd_mul), torch.zeros_like(w))
             w = (w - u).bfloat16().float()
             out.append(w.bfloat16())
-    return out
+    return out + [m]
 
 
 # ---- tests -----------------------------------------------------------------------------------
@@ -294,9 +296,10 @@ def test_value_embed_adam_matches_dense_adam_on_every_row():
     param = ve_init()
     got = drive_value_embeds(ValueEmbedAdam(param, period4_start=PERIOD4), ranks=(0,))
     ref = dense_value_embeds((0,))
-    assert len(got) == 5
+    assert len(got) == 5 + 1
     for k, (a, b) in enumerate(zip(got, ref)):
         assert torch.equal(a, b), f"event {k}"
+    got, ref = got[:-1], ref[:-1]
     # rows no gradient touched in the last cycle still move (momentum and decay): unlike the n-gram table
     last = sum(ve_grad(0, s) for s in range(8, 12)).abs().sum(1) == 0
     assert last.any() and (got[-1][last] != got[-2][last]).any()
@@ -338,8 +341,9 @@ def test_two_gloo_ranks_equal_one_unsharded_table_and_the_dense_reference(tmp_pa
         assert torch.equal(e["grad"], torch.cat([got[r]["events"][k]["grad"] for r in range(2)]) / 2)
     # value_embeds: both replicas whole and equal to dense Adam on the rank-mean gradient
     ve_ref = dense_value_embeds((0, 1))
-    for k, want in enumerate(ve_ref):
+    for k, want in enumerate(ve_ref[:-1]):
         assert torch.equal(got[0]["ve"][k], want) and torch.equal(got[1]["ve"][k], want), f"event {k}"
+    assert torch.equal(torch.cat([got[0]["ve"][-1], got[1]["ve"][-1]]), ve_ref[-1])  # each rank's shard of m
 
 
 def test_bytes_per_rank_at_the_record_size():
