@@ -37,7 +37,9 @@ cycle's rows travel to their owners along the row pulls' routes, the owner rebui
 gradient shard from them, and after the update each replica pulls only the rows its next cycle reads
 (a stale replica row is never read before it is pulled again). Here the same math runs with a plain
 exchange: an all-reduce (sum) of the fp16 cycle gradient, each rank updates its own shard, and an
-all-gather makes every replica whole.
+all-gather makes every replica whole. Each step's gradient enters as the dense gradient autograd made
+(summed within the step in the parameter's dtype), where the record's backward adds every token's rows
+straight into the fp16 buffer (perf/kernels/value_embed.py).
 
 Constants: the record's ngram_table.py (NGRAM_LR_MUL 49, NGRAM_WD_MUL 5 / 10, NGRAM_ADAM_BETA2 0.95,
 NGRAM_ADAM_PERIOD4_START 160, MAX_CYCLE_STEPS 4), training.py (VALUE_EMBED_LR_MUL 70, betas (0.75,
