@@ -1,7 +1,7 @@
 """The record's hashed n-gram table and its row-sparse optimizers (model/ngram_table.py,
 model/sharded_rows.py, model/row_adam.py).
 
-The references here are written from the record's description (RECORD.md sections 5 and 9) and never
+The references here are written from the record's formulas (the module docstrings give them) and never
 call the code they check: a plain-Python hash with explicit int32 wrap, and a dense table in plain
 torch that decays every row's second moment at every event. The table runs a short schedule (the
 cadence switch scaled to step 6) on one rank and on two gloo ranks; the loss weights are small
