@@ -1,4 +1,4 @@
-"""Rotary position tables of the record arch and their YaRN updates (docs/design.md, record arch).
+"""Rotary position tables of the record arch (model/record_attention.py) and their YaRN updates.
 
 One YarnRotary per (query/key width, paired): its state is the rotary frequencies and the softmax
 scale, which YaRN rescales whenever the window its layers attend over changes; reset() returns it to

@@ -223,6 +223,20 @@ def test_record_factor_rounding():
     assert (out - unrounded).abs().max() > 1e-4
 
 
+def test_flex_path_traces_into_one_graph():
+    """The GPU path compiles attend(): dynamo traces it whole (fullgraph, no data-dependent breaks), here with the
+    eager backend on the CPU, and the traced forward equals the untraced one."""
+    table = YarnRotary(2 * R, R, paired=True, softmax_scale=0.3, factor_dtype=torch.float32)
+    _, q, k, v, a, g = case(True, True, True, True)
+    fn = lambda q, k, v, a, g: run(table, q, k, v, a, g, DOCS, 10, True, "flex")
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(fn, backend="eager", fullgraph=True)
+        torch.testing.assert_close(traced(q, k, v, a, g), fn(q, k, v, a, g), rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Gradients.
 
