@@ -5,11 +5,13 @@ and the l_qkv / l_o scalars; attend() does the rest, in this order (the record's
 CausalSelfAttention.forward and perf/kernels/qkv_rope.py):
 
  1. QK norm: per-head RMS over d_qk, in fp32, eps 1.19e-7, no gain.
- 2. Rotary (model/yarn.py): the first rotary_dim dims of each head, adjacent pairs.
+ 2. Rotary (model/yarn.py): the first rotary_dim dims of each head, adjacent pairs. Steps 1-3 run in fp32
+    and leave q, k in their input dtype (the record's fused kernel computes in fp32 and stores bf16).
  3. Partial key offset (key_offset=True; the record's layers 3, 10): a key's dims from rotary_dim on
     (unrotated) are the previous packed token's normed key dims, same head; token 0 keeps its own.
     It ignores document boundaries. Its backward (each token's dims past rotary_dim get the next
-    token's gradient, token 0 its own plus the next's) follows by autograd.
+    token's gradient, token 0 its own plus the next's) follows by autograd. It acts before pairing, so
+    with paired heads too (the record never combines the two: its kernel asserts not both).
  4. Paired heads (paired=True; the record's layers 0, 2, 5): token t's heads h < H/2 go to position 2t,
     heads h >= H/2 to position 2t+1, as head h % (H/2) of an H/2-head stream of 2T positions, so heads
     h and h + H/2 share keys (with 4 heads: 0 & 2, 1 & 3). Every segment doubles (cu_seqlens x 2) and the
