@@ -30,7 +30,8 @@ CausalSelfAttention.forward and perf/kernels/qkv_rope.py):
  7. Output gate (gate (T, H) given; the record's layers 3, 10): y <- g * y per token and head.
 
 Two kernels for step 5, with the same mask:
-  "sdpa" (CPU, and the default off the GPU path): exact masked SDPA per segment, memory ~ segment^2.
+  "sdpa" (CPU, and the default off the GPU path): exact masked SDPA per segment, in chunks of queries over
+    the keys their window reaches (memory ~ chunk * (chunk + window), never a T^2 mask).
   "flex" (default on the GPU path, model.device.gpu_paths_enabled()): FlexAttention with a block mask of
     (same segment) & causal & window, built from per-block summaries (no T^2 mask); compiled on CUDA,
     eager (unfused, forward only) on the CPU, where the tests compare it with "sdpa".
@@ -59,6 +60,8 @@ QK_NORM_EPS = torch.finfo(torch.float32).eps
 XSA_MIN_VALUE_NORM2 = 1e-8
 # FlexAttention's tile on the GPU path (the record's BLOCK_SIZE, config.py: 128).
 FLEX_BLOCK_SIZE = 128
+# Queries per masked SDPA call on the CPU path: bounds its score matrix to chunk x (chunk + window).
+SDPA_QUERY_CHUNK = 512
 KERNELS = ("sdpa", "flex")
 
 _compiled_flex = []  # torch.compile'd flex_attention, made at the first CUDA call on the GPU path
@@ -94,24 +97,22 @@ def from_pairs(y: torch.Tensor) -> torch.Tensor:
     return y.reshape(n // 2, 2 * half, d)
 
 
-def window_mask(length: int, window: int, device) -> torch.Tensor:
-    """(L, L) bool, True where query i may see key j of one segment: i - window <= j <= i."""
-    i = torch.arange(length, device=device)
-    gap = i[:, None] - i[None, :]
-    return (gap >= 0) & (gap <= window)
-
-
-def segment_sdpa(q, k, v, cu_seqlens: torch.Tensor, window: int, scale: float) -> torch.Tensor:
-    """Exact attention over packed segments: (n, h, d) q, k and (n, h, dv) v -> (n, h, dv); one masked SDPA
-    per segment (memory ~ its length^2)."""
+def segment_sdpa(q, k, v, cu_seqlens: torch.Tensor, window: int, scale: float,
+                 query_chunk: int = SDPA_QUERY_CHUNK) -> torch.Tensor:
+    """Exact attention over packed segments: (n, h, d) q, k and (n, h, dv) v -> (n, h, dv). One masked SDPA per
+    chunk of up to `query_chunk` queries of a segment, over the keys its window can reach: the chunk's own and
+    the `window` before it, within the segment (memory ~ chunk * (chunk + window), at most segment^2)."""
     bounds = cu_seqlens.tolist()
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:]):
-        if end == start:
-            continue
-        qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (h, L, d)
-        mask = window_mask(end - start, window, q.device)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale).transpose(0, 1))
+        for lo in range(start, end, query_chunk):
+            hi = min(lo + query_chunk, end)
+            first_key = max(start, lo - window)
+            qs = q[lo:hi].transpose(0, 1)  # (h, queries, d)
+            ks, vs = k[first_key:hi].transpose(0, 1), v[first_key:hi].transpose(0, 1)
+            gap = torch.arange(lo, hi, device=q.device)[:, None] - torch.arange(first_key, hi, device=q.device)
+            mask = (gap >= 0) & (gap <= window)
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale).transpose(0, 1))
     return torch.cat(outs)
 
 

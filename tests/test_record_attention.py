@@ -223,6 +223,16 @@ def test_record_factor_rounding():
     assert (out - unrounded).abs().max() > 1e-4
 
 
+def test_sdpa_query_chunks():
+    """The CPU kernel's query chunks (each over the keys its window reaches) change nothing."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(T, 2, d, generator=g) for d in (8, 8, 16))
+    cu = cu_seqlens(DOCS)
+    for window, chunk in itertools.product((0, 2, 5, 100), (1, 3, 7)):
+        torch.testing.assert_close(segment_sdpa(q, k, v, cu, window, 0.3, query_chunk=chunk),
+                                   segment_sdpa(q, k, v, cu, window, 0.3, query_chunk=T), rtol=1e-6, atol=1e-6)
+
+
 def test_flex_path_traces_into_one_graph():
     """The GPU path compiles attend(): dynamo traces it whole (fullgraph, no data-dependent breaks), here with the
     eager backend on the CPU, and the traced forward equals the untraced one."""
