@@ -147,7 +147,8 @@ def test_flex_block_mask_matches_the_dense_mask(paired):
         nb = -(-n // block)
         listed = torch.zeros(nb, nb, dtype=torch.bool)
         full = torch.zeros(nb, nb, dtype=torch.bool)
-        for counts, idx, into in ((bm.kv_num_blocks, bm.kv_indices, listed), (bm.full_kv_num_blocks, bm.full_kv_indices, full)):
+        for counts, idx, into in ((bm.kv_num_blocks, bm.kv_indices, listed),
+                                  (bm.full_kv_num_blocks, bm.full_kv_indices, full)):
             for qb in range(nb):
                 into[qb, idx[0, 0, qb, :counts[0, 0, qb]].long()] = True
         assert not (listed & full).any()
@@ -320,7 +321,8 @@ def test_yarn_updates_follow_the_formula():
         by_hand["wide"] = yarn_by_hand(*by_hand["wide"], long[step], long[step + 1])
         for name, table in (("narrow", rot.narrow), ("paired", rot.paired), ("wide", rot.wide)):
             freqs, scale = by_hand["wide" if name == "wide" else "narrow"]
-            torch.testing.assert_close(table.freqs.double(), torch.tensor(freqs, dtype=torch.float64), rtol=2e-6, atol=0)
+            want = torch.tensor(freqs, dtype=torch.float64)
+            torch.testing.assert_close(table.freqs.double(), want, rtol=2e-6, atol=0)
             assert table.softmax_scale == pytest.approx(scale, rel=1e-12)
     assert rot.narrow.softmax_scale == pytest.approx(0.1811, abs=5e-5)
     assert rot.wide.softmax_scale == pytest.approx(0.1120, abs=5e-5)
