@@ -1,15 +1,12 @@
 """The record's Adam (model/record_adam.py) against a plain float64 statement of the sheet's table
 and rules (RECORD.md sections 6 and 9): odd steps on the two-step gradient sum, cautious decay
 ~ lr^2, the lm_head / embed tie through the untie step and the moments handed over there, groups
-without gradients skipped; and two gloo ranks (all-reduce, reduce-scatter / all-gather) against
-one process."""
+without gradients skipped; gloo_part is the two-rank check's (tests/test_record_optim_gloo.py)."""
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from model.record_adam import RecordAdam
-from tests.record_params import init_gloo, labelled_params, mean_grads, set_grads
+from tests.record_params import labelled_params, mean_grads, set_grads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -160,35 +157,20 @@ def test_reset_restarts_tied_with_zero_state():
     assert opt.tied and all(e.t == 0 and not e.exp_avg.any() and not e.grad_sum.any() for e in opt.params)
 
 
-# ---- two gloo ranks ----
+# ---- two gloo ranks (run by tests/test_record_optim_gloo.py, one spawn for all parts) ----
 
-WORLD = 2
 DIST_STEPS = 8
 
 
-def _rank(rank, init_file, out):
-    init_gloo(rank, WORLD, init_file)
-    try:
-        lp = adam_params(seed=2)
-        opt = RecordAdam(lp, untie_step=UNTIE, rank=rank, world_size=WORLD)
-        for step in range(DIST_STEPS):
-            set_grads(lp, 100 * step + rank, labels=TABLE)
-            opt.step(step, LR_SCALES[step])
-        torch.save({k: [p.data.clone() for p in lp[k]] for k in TABLE}, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_gloo_ranks_equal_one_process(tmp_path):
-    mp.spawn(_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+def gloo_part(rank=0, world=1):
+    """Every Adam parameter after 8 steps (untie at 5): on `world` ranks each feeds its own gradients;
+    on one process the mean of the two ranks' (exact: dyadic)."""
     lp = adam_params(seed=2)
-    opt = RecordAdam(lp, untie_step=UNTIE)
+    opt = RecordAdam(lp, untie_step=UNTIE, rank=rank, world_size=world)
     for step in range(DIST_STEPS):
-        mean_grads(lp, [100 * step + r for r in range(WORLD)], labels=TABLE)
+        if world == 1:
+            mean_grads(lp, [100 * step + r for r in range(2)], labels=TABLE)
+        else:
+            set_grads(lp, 100 * step + rank, labels=TABLE)
         opt.step(step, LR_SCALES[step])
-    for k in TABLE:
-        for j, p in enumerate(lp[k]):
-            for r in range(WORLD):
-                assert torch.equal(got[r][k][j], p.data), (k, j, r)
+    return {f"{k}/{j}": p.data.clone() for k in TABLE for j, p in enumerate(lp[k])}

@@ -1,16 +1,14 @@
 """ANVIL (model/anvil.py): the cascade against a plain statement of the six maps and against SVD,
 the bf16 + mantissa pair as an exact fp32 master, a few optimizer steps against the record's
 equations written out here in float64, the decay's exact factors (lr^2, multipliers, the frozen
-slot), and two gloo ranks (reduce-scatter, own units, all-gather) against one process."""
+slot); gloo_part is the two-rank check's (tests/test_record_optim_gloo.py)."""
 import math
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from model.anvil import ANVIL_MAPS, Anvil, _cascade, cascade, join_fp32, split_fp32
-from tests.record_params import BANK_SHAPES, init_gloo, labelled_params, mean_grads, set_grads
+from tests.record_params import BANK_SHAPES, labelled_params, mean_grads, set_grads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -232,38 +230,23 @@ def test_bad_banks_and_missing_gradients_are_named():
         anvil.step(lr_scale=1.0, rail_beta=0.85, engaged=False)
 
 
-# ---- two gloo ranks ----
+# ---- two gloo ranks (run by tests/test_record_optim_gloo.py, one spawn for all parts) ----
 
-WORLD = 2
 DIST_SETTINGS = SETTINGS[:3]
 
 
-def _rank(rank, init_file, out):
-    init_gloo(rank, WORLD, init_file)
-    try:
-        results = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            labelled = labelled_params(seed=7, bank_dtype=dtype, adam=False)
-            anvil = Anvil(labelled, rank=rank, world_size=WORLD)
-            for t, (s, beta, engaged) in enumerate(DIST_SETTINGS):
-                set_grads(labelled, 100 * t + rank, labels=BANKS)
-                anvil.step(lr_scale=s, rail_beta=beta, engaged=engaged)
-            results[str(dtype)] = {label: labelled[label][0].data.clone() for label in BANKS}
-        torch.save(results, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_gloo_ranks_equal_one_process(tmp_path):
-    mp.spawn(_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+def gloo_part(rank=0, world=1):
+    """The banks after three steps, float32 and bf16: on `world` ranks each feeds its own gradients;
+    on one process (world=1) the mean of the two ranks' (exact: dyadic)."""
+    results = {}
     for dtype in (torch.float32, torch.bfloat16):
         labelled = labelled_params(seed=7, bank_dtype=dtype, adam=False)
-        anvil = Anvil(labelled)
+        anvil = Anvil(labelled, rank=rank, world_size=world)
         for t, (s, beta, engaged) in enumerate(DIST_SETTINGS):
-            mean_grads(labelled, [100 * t + r for r in range(WORLD)], labels=BANKS)
+            if world == 1:
+                mean_grads(labelled, [100 * t + r for r in range(2)], labels=BANKS)
+            else:
+                set_grads(labelled, 100 * t + rank, labels=BANKS)
             anvil.step(lr_scale=s, rail_beta=beta, engaged=engaged)
-        for label in BANKS:
-            for r in range(WORLD):
-                assert torch.equal(got[r][str(dtype)][label], labelled[label][0].data), (dtype, label, r)
+        results.update({f"{dtype}/{label}": labelled[label][0].data.clone() for label in BANKS})
+    return results
