@@ -99,7 +99,7 @@ def _as_cut_lengths(cut_length):
         return cut_length
     if isinstance(cut_length, (int, np.integer)):
         return lambda step: int(cut_length)
-    if isinstance(cut_length, Sequence):
+    if isinstance(cut_length, (Sequence, np.ndarray)):
         lengths = list(cut_length)
 
         def by_step(step):

@@ -261,6 +261,8 @@ def test_bad_input_names_the_file(tmp_path):
             ld.next_batch()
     with pytest.raises(ValueError, match=r"cut_length\(0\) is 0"):
         PackedLoader(paths, lambda s: 0, T).next_batch()
+    np.testing.assert_array_equal(PackedLoader(paths, np.array([40, 40]), T).next_batch().inputs,
+                                  PackedLoader(paths, 40, T).next_batch().inputs)  # a NumPy array of cut lengths
     ld = PackedLoader(paths, [40, 40], T)
     ld.skip(2)
     with pytest.raises(ValueError, match="gives 2 steps' cut lengths, step 2 has none"):
