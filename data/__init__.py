@@ -6,5 +6,6 @@ Hugging Face hub), `fineweb` (tokenize a Hugging Face dataset into shards), `loc
 (any local text files into train/val shards, for the CPU demo), `manifest` (which shards
 form a folder's complete set, and their largest token ids; recorded on the first read of a
 folder without one, and readers refuse shards that disagree with it),
-`loader` (distributed, deterministic, resumable batches over shards).
+`loader` (distributed, deterministic, resumable batches over shards), `packed_loader` (the
+record's BOS-aligned packed rows, attention segments and unaligned validation batches).
 """

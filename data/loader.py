@@ -71,6 +71,10 @@ class TokenStream:
         self._open[i] = mm  # most recently used last
         return mm
 
+    def shard_tokens(self, i):
+        """The tokens of shard i (in sorted order) as a read-only uint16 memory map."""
+        return self._shard(i)
+
     def locate(self, pos):
         """(shard index, offset) of stream position pos (0 <= pos <= total)."""
         i = int(np.searchsorted(self.starts, pos, side="right")) - 1

@@ -3,15 +3,20 @@
 The loader fixes the training stream's order at the start, so the whole stream the run will train
 on (the concatenation of every step's global batch, step s at [s*G, (s+1)*G), rank r's slice at
 [s*G + r*B*T, s*G + (r+1)*B*T)) is known before step 0. Local rank 0 of each node reads it with a
-loader of its own and builds hints.positional.PositionalIndex over it in a thread (Numba releases
-the GIL), in phases (up to steps 8, 32, then all: hints.positional.phase_ends), each published as a
-file in shared memory (/dev/shm) by an atomic rename. Every rank of the node, rank 0 included, maps
-the newest phase that covers the step it prepares, read-only. No rank adds anything during training.
+loader of its own (data/loader.py's, or the record's packed loader data/packed_loader.py with
+B = 1, a rank's slice then its packed row of T inputs: start_build's `loader`) and builds
+hints.positional.PositionalIndex over it in a thread (Numba releases the GIL), in phases (up to
+steps 8, 32, then all: hints.positional.phase_ends), each published as a file in shared memory
+(/dev/shm) by an atomic rename. Every rank of the node, rank 0 included, maps the newest phase
+that covers the step it prepares, read-only. No rank adds anything during training.
 
 A lookup for step s counts only occurrences whose follower lies before s*G (step s's first token,
 on any rank), at most the 96 most recent (the record's cap), and keeps 2 followers per position
 (the record's training setting). N-grams restart at every BOS and at each rank slice's start, in
 the index (segment = B*T) and in the query (the slice is one query). Step 0 has no hints.
+(The record's index stream, exact_match/src/stream.rs, holds each rank's T + 1 tokens, its last
+target too, then a STOP; here a slice is its T inputs, so a slice's last n-gram is indexed with
+the next slice's first token, a BOS in a packed stream, as its follower, not with its target.)
 
 `cells_to_arrays` turns Cells into what the model takes (model/hint_cells.py). `trained(step)` is
 the index as of a step, for validation when no other index is there (train/val_hints.py's
@@ -46,15 +51,23 @@ def cells_to_arrays(cells, B, T):
             np.ascontiguousarray(cells.follower_counts, dtype=np.float32).reshape(B, T, F))
 
 
+def loader_stream(loader, steps, G):
+    """The global batches of `loader`'s next `steps` steps, in stream order: G * steps tokens.
+    Any loader whose batches carry `global_tokens` (data/loader.py, data/packed_loader.py)."""
+    out = np.empty(G * steps, dtype=np.uint16)
+    for s in range(steps):
+        g = loader.next_batch().global_tokens
+        if len(g) != G:
+            raise ValueError(f"the stream loader's step {s} has {len(g):,} global tokens, the hints expect G = {G:,}")
+        out[s * G:(s + 1) * G] = g
+    return out
+
+
 def training_stream(train_files, B, T, world_size, steps, align_to_documents=False):
     """The G * steps tokens the run trains on, in stream order (every rank's slice of every step)."""
     loader = DistributedDataLoader(train_files, B, T, rank=0, world_size=world_size,
                                    align_to_documents=align_to_documents, log=None)
-    G = world_size * B * T
-    out = np.empty(G * steps, dtype=np.uint16)
-    for s in range(steps):
-        out[s * G:(s + 1) * G] = loader.next_batch().global_tokens
-    return out
+    return loader_stream(loader, steps, world_size * B * T)
 
 
 def node_directory(run_id, node):
@@ -84,8 +97,14 @@ class PositionalHints:
         self.phases = []           # (tokens, seconds since the build started) of each phase published
         self.started_at = None     # time.monotonic() when the build started (the clock's, on a run)
 
-    def start_build(self, train_files, steps, align_to_documents=False, log=None):
-        """Read the run's stream and build its phases in a thread; the directory is removed at exit."""
+    def start_build(self, train_files, steps, align_to_documents=False, log=None, loader=None):
+        """Read the run's stream and build its phases in a thread; the directory is removed at exit.
+        loader: a fresh loader of the builder's own, at step 0, whose next `steps` global batches
+        are the run's stream (the record's data/packed_loader.py PackedLoader at rank 0, with B = 1
+        and T its tokens per rank); None: a DistributedDataLoader over train_files."""
+        if loader is not None and loader.step != 0:
+            raise ValueError(f"start_build: the stream loader is at step {loader.step}; the index covers the run "
+                             "from step 0, so it needs a fresh loader of its own")
         self.started_at = time.monotonic()
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(shutil.rmtree, self.directory, True)
@@ -94,7 +113,8 @@ class PositionalHints:
         def build():
             t0 = time.perf_counter()
             try:
-                stream = training_stream(train_files, self.B, self.T, self.world_size, steps, align_to_documents)
+                stream = (loader_stream(loader, steps, self.G) if loader is not None else
+                          training_stream(train_files, self.B, self.T, self.world_size, steps, align_to_documents))
                 for end in ends:
                     build_phases(stream, [end], self.directory, segment=self.B * self.T, lengths=self.lengths,
                                  boundary=BOS)
