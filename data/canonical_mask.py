@@ -380,7 +380,8 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="where to save it (.npy); omit to only time the build")
     parser.add_argument("--vocab-size", type=int, default=PADDED_VOCAB,
                         help=f"rows/columns, a multiple of 64 (default {PADDED_VOCAB}, the model's padded vocabulary)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for the rows (default: all cores)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="threads for the rows (default: all cores)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     tables = tokenizer_tables()

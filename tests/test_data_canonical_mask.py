@@ -93,7 +93,8 @@ def test_known_pairs_and_the_exclusions(enc, mask):
     assert len(starts_partial) > 50 and not cm.is_masked(mask, np.arange(EOT_TOKEN)[:, None], starts_partial).any()
     contraction = [t for t, b in enumerate(tokens) if cm.ends_in_contraction(b)]
     assert len(contraction) >= 7 and not mask[contraction].any()
-    assert not mask[EOT_TOKEN:].any() and not cm.is_masked(mask, slice(None), np.arange(EOT_TOKEN, cm.PADDED_VOCAB)).any()
+    assert not mask[EOT_TOKEN:].any()  # <|endoftext|> and padding: no row, no column
+    assert not cm.is_masked(mask, slice(None), np.arange(EOT_TOKEN, cm.PADDED_VOCAB)).any()
     assert mask.shape == (cm.PADDED_VOCAB, cm.PADDED_VOCAB // 8) and mask.dtype == np.uint8
 
 
