@@ -91,10 +91,14 @@ def emulated_mm(a, b, scale_a, scale_b, out_dtype):
     return out.to(out_dtype)
 
 
+def use_scaled_mm(a, b):
+    """The GPU path's condition: the switch is on, the operands are on a GPU and their shapes fit."""
+    return gpu_paths_enabled() and a.is_cuda and all(n % SCALED_MM_ALIGN == 0 for n in (*a.shape, b.shape[1]))
+
+
 def fp8_mm(a, b, scale_a, scale_b, out_dtype, fast_accum=False):
-    """(a @ b) * scale_a * scale_b for fp8 a (M, K) and b (K, N): scaled_mm on the GPU path (when the
-    shapes allow it), emulated_mm otherwise."""
-    if gpu_paths_enabled() and all(n % SCALED_MM_ALIGN == 0 for n in (*a.shape, b.shape[1])):
+    """(a @ b) * scale_a * scale_b for fp8 a (M, K) and b (K, N): scaled_mm on the GPU path, else emulated_mm."""
+    if use_scaled_mm(a, b):
         return scaled_mm(a, b, scale_a, scale_b, out_dtype, fast_accum)
     return emulated_mm(a, b, scale_a, scale_b, out_dtype)
 

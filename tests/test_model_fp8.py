@@ -195,8 +195,8 @@ def test_the_gpu_path_runs_scaled_mm_and_agrees_with_the_cpu_path(monkeypatch):
     e4m3_out = fp8.scaled_mm(a, b.contiguous(), 0.01, 0.02, E4M3, fast_accum=True)  # row-major b is re-laid
     assert torch.equal(e4m3_out.float(), fp8.emulated_mm(a, b, 0.01, 0.02, E4M3).float())
 
-    def run(gpu):
-        monkeypatch.setattr(fp8, "gpu_paths_enabled", lambda: gpu)
+    def run(gpu):  # the GPU path's condition, minus "on a GPU"
+        monkeypatch.setattr(fp8, "use_scaled_mm", lambda a, b: gpu and all(n % 16 == 0 for n in (*a.shape, b.shape[1])))
         torch.manual_seed(6)
         x = torch.randn(32, 64, requires_grad=True)
         w = (torch.randn(48, 64) * 0.05).requires_grad_()
