@@ -133,8 +133,9 @@ def training_loss(x_normed, lm_head, targets, *, mtp_weights, prefix_targets=Non
     x_normed (T, d) the final normed hidden state; lm_head (d, V) [in, out]; targets (T,) int64 classes;
     mtp_weights: w_0, w_1, ... (k = 0 is the next token); prefix_targets (T,) int64: prefix(targets), -1 none
     (None: no prefix term); candidates: a Candidates or None (full softmax); fp8: the LM head's fp8 GEMM
-    (model/fp8.py lm_head_logits, training only). Backward the returned sum as it is: the scales of the fp8
-    gradient (and the record's optimizers) expect the gradient of the sum, not of a mean."""
+    (model/fp8.py lm_head_logits, training only). mtp_weights and prefix_weight may be tensors (the GPU path:
+    a per-step value that is not a Python constant compiles once). Backward the returned sum as it is: the
+    fp8 gradient's scales (and the record's optimizers) expect the gradient of the sum, not of a mean."""
     T = targets.numel()
     targets = targets.reshape(-1)
     classes = None if candidates is None else candidates.classes
@@ -154,7 +155,7 @@ def training_loss(x_normed, lm_head, targets, *, mtp_weights, prefix_targets=Non
     # the record's normaliser: S_i counts the weights of targets past the end too (value 0, gradient theirs)
     skipped = (weights[None, :] * ~inside).sum(dim=1)
     loss = loss + (skipped * (lse - lse.detach())).sum()
-    if prefix_targets is not None and prefix_weight:
+    if prefix_targets is not None:  # no branch on the weight's value: it may be a tensor (no recompiles)
         prefix_targets = prefix_targets.reshape(-1)
         has = prefix_targets >= 0
         z_prefix = z.gather(1, prefix_targets.clamp(min=0)[:, None])[:, 0]
