@@ -6,10 +6,11 @@ Every fp8 operand is q = fp8(clamp(v / s, -max, max)) with a per-tensor fp32 sca
 e4m3, 57,344 for e5m2: the clamp makes every cast saturate, where a bare e4m3fn cast of an
 out-of-range value would be NaN), and a GEMM of two of them is (qa @ qb) * sa * sb.
   * GPU path (model.device.gpu_paths_enabled()): torch._scaled_mm on the fp8 tensors, fp32 scale
-    tensors, fast accumulation on the forward GEMMs only (the record: NaN otherwise). Its signature
+    tensors, fast accumulation on the forward GEMMs only (the record: NaN otherwise). Its schema
     (self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False)
-    is the same in torch 2.10 (the record's), 2.11 and 2.13; shapes it cannot take (a dimension not a
-    multiple of 16) run the CPU form.
+    is torch 2.13's (read here) and the one the record calls on 2.10; torch 2.11 lies between and keeps it
+    (_scaled_mm_v2 superseded it in late 2025, the old op stays for compatibility). Operands that are not
+    on a GPU, or shapes it cannot take (a dimension not a multiple of 16), run the CPU form.
   * CPU path: the same quantize, then a float32 matmul of the dequantized operands: the numbers
     _scaled_mm computes, up to its accumulation order and output rounding.
 
