@@ -8,20 +8,51 @@ placement one position at a time, so tests can compare the Numba table byte for 
 drops included, and find checksum collisions. `reference_cells` defines the record's
 representation (hints.cells): the deepest match among the `cap` most recent earlier occurrences
 before a stream position, with document boundaries; every source of Cells is tested against it.
+`reference_kind` and `reference_cell` restate the bins of docs/design.md ("Kinds", "Cells") on
+their own, as fractions: a reference never calls the code it checks (hints.kinds).
 """
+from fractions import Fraction
+
 import numpy as np
 
 from . import kernels
 from .geometry import DEFAULT_LENGTHS
 from .index import Hints
 from .cells import BOS, Cells, check_boundary
-from .kinds import cell_of, kind_of
 
 M64 = (1 << 64) - 1
 _MULT = int(kernels.HASH_MULT)
 _SEED = int(kernels.SEED_MULT)
 _C1, _C2 = int(kernels.FMIX_C1), int(kernels.FMIX_C2)
 _BUCKET_MULT = int(kernels.BUCKET_MULT)
+
+
+# ---- kinds and cells, as docs/design.md states them ------------------------------------------
+# The lowest count and the lowest share (top follower's count / count) of each bin, every edge
+# inclusive. Kinds: counts 1 | 2 | 3-4 | 5-8 | 9-16 | 17-32 | 33+; shares <0.3 | 0.3-0.5 | 0.5-0.7 |
+# 0.7-0.9 | 0.9-1 | exactly 1. Cells: the same counts; shares <.3 | .3-.5 | .5-.7 | .7-.85 | .85-.95 | >=.95.
+COUNT_BIN_LOWS = (1, 2, 3, 5, 9, 17, 33)
+KIND_SHARE_LOWS = (Fraction(0), Fraction(3, 10), Fraction(1, 2), Fraction(7, 10), Fraction(9, 10))  # then "exactly 1"
+CELL_SHARE_LOWS = (Fraction(0), Fraction(3, 10), Fraction(1, 2), Fraction(7, 10), Fraction(17, 20), Fraction(19, 20))
+BINS_PER_DEPTH = 42  # 7 count bins x 6 share bins, for kinds and cells alike
+
+
+def _bin(value, lows):
+    return max(i for i, low in enumerate(lows) if value >= low)
+
+
+def reference_kind(length_index, count, top):
+    """Kind of a hint of one length seen `count` times, `top` of them followed by the hinted token."""
+    share = 5 if top == count else _bin(Fraction(top, count), KIND_SHARE_LOWS)
+    return length_index * BINS_PER_DEPTH + _bin(count, COUNT_BIN_LOWS) * 6 + share
+
+
+def reference_cell(depth, count, top):
+    """Cell of a position whose deepest length index is `depth` (-1: none), `count` candidates,
+    `top` of them followed by the most frequent follower."""
+    if depth < 0:
+        return -1
+    return depth * BINS_PER_DEPTH + _bin(count, COUNT_BIN_LOWS) * 6 + _bin(Fraction(top, count), CELL_SHARE_LOWS)
 
 
 class ReferenceIndex:
@@ -73,7 +104,7 @@ class ReferenceIndex:
                 total = sum(counts.values())
                 token[k, t], count[k, t] = best, total
                 purity[k, t] = np.float32(counts[best] / total)
-                kind[k, t] = kind_of.py_func(k, total, counts[best])
+                kind[k, t] = reference_kind(k, total, counts[best])
         return Hints(token=token, count=count, purity=purity, kind=kind)
 
 
@@ -142,7 +173,8 @@ def reference_cells(stream, query, before=None, cap=None, max_followers=8, lengt
         for f, (x, c) in enumerate(ranked):
             followers[t, f], fcounts[t, f] = x, c
     return Cells(depth=depth, count=count, followers=followers, follower_counts=fcounts,
-                 kind=cell_of(depth, count, fcounts[:, 0]))
+                 kind=np.array([reference_cell(d, c, f) for d, c, f in zip(depth, count, fcounts[:, 0])],
+                               dtype=np.int16))
 
 
 # ---- slot-level model ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from hints.cells import BOS, Cells, mask_hints, reach
 from hints.kinds import (CELL_COUNT_EDGES, CELLS_PER_DEPTH, N_CELL_PURITY_BINS, cell_of, cell_one, cell_parts,
                          n_cells)
 from hints.positional import PositionalIndex, build_phases, load_covering, phase_ends
-from hints.reference import reference_cells
+from hints.reference import reference_cell, reference_cells
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 LENGTHS = (6, 10, 20)
@@ -78,11 +78,12 @@ def test_cell_bins_at_their_edges():
     for top, count, pb in cases:
         assert cell_parts(cell_of([1], [count], [top]))[2][0] == pb, (top, count)
     assert cell_of([-1, 2], [5, 5], [5, 5]).tolist() == [-1, 2 * 42 + 3 * 6 + 5]
-    # the Numba kernel agrees with the array function everywhere
+    # the Numba kernel and the array function agree everywhere with the design's bins, as the
+    # reference states them on its own (hints.reference.reference_cell)
     for d in range(3):
         for count in range(1, 70):
             for top in range(1, count + 1):
-                assert cell_one(d, count, top) == cell_of([d], [count], [top])[0]
+                assert cell_one(d, count, top) == cell_of([d], [count], [top])[0] == reference_cell(d, count, top)
     assert len(CELL_COUNT_EDGES) + 1 == 7 and N_CELL_PURITY_BINS == 6
 
 
@@ -96,18 +97,34 @@ def test_reach_restarts_at_bos_and_segments():
     assert reach(t, limit=3).tolist() == [1, 2, 1, 2, 3, 3, 3, 3]
 
 
+def spans_a_boundary(tokens, t, L):
+    """The design's rule in its own words (docs/design.md, "Document boundaries"), not through
+    hints.cells.reach: the n-gram tokens[t-L+1..t] is cut when it starts before the array (a
+    segment's start) or holds a BOS after its first token (a BOS may start an n-gram, never sit
+    inside one)."""
+    return t - L + 1 < 0 or BOS in tokens[t - L + 2:t + 1].tolist()
+
+
+def boundary_cuts(tokens):
+    """(K, n) bool: spans_a_boundary for every length and position."""
+    return np.array([[spans_a_boundary(tokens, t, L) for t in range(len(tokens))] for L in LENGTHS])
+
+
 def test_mask_hints_cuts_ngrams_that_span_a_bos():
     from hints import ReferenceIndex
     query = planted(2, 800)
     train = np.concatenate([planted(1, 3000), query])  # so n-grams that span a BOS recur
     h = ReferenceIndex(LENGTHS).add(train).lookup(query)
     m = mask_hints(h, query, BOS, LENGTHS)
-    r = reach(query)
+    cuts = boundary_cuts(query)
     for k, L in enumerate(LENGTHS):
-        cut = r < L
+        cut = cuts[k]
         assert (m.token[k][cut] == -1).all() and (m.kind[k][cut] == -1).all() and (m.count[k][cut] == 0).all()
         assert np.array_equal(m.token[k][~cut], h.token[k][~cut])
         assert (h.token[k][cut] >= 0).any(), "no hint spanned a BOS: the test would not see the rule"
+        # ...and an n-gram that starts at a BOS (one token short of being cut) keeps its hint
+        starts_at_bos = np.array([t - L + 1 >= 0 and query[t - L + 1] == BOS for t in range(len(query))])
+        assert (m.token[k][starts_at_bos] >= 0).any()
 
 
 # ---- the reference, on hand-made streams ------------------------------------------------------------
@@ -322,19 +339,20 @@ def test_hint_index_cells_equal_the_reference(stdlib_stream, tmp_path):
 
 
 def test_stats_apply_and_name_the_boundary_rule():
-    """hint_stats restarts n-grams at BOS across its lookup chunks, counts what a whole-stream
-    masked lookup counts, and says which rule it used."""
+    """hint_stats restarts n-grams at BOS across its lookup chunks, counts the hints of a
+    whole-stream lookup that the boundary rule keeps, and says which rule it used."""
     from hints import Geometry, HintIndex
     from hints.stats import format_stats, hint_stats
     stream = planted(5, 12000, bos_every=60)
     idx = HintIndex(Geometry(6, 10, 64))
     idx.add(stream[:8000])
     val = stream[7000:]
-    h = mask_hints(idx.lookup(val), val, BOS, LENGTHS)
-    right = (h.token[:, :-1] >= 0) & (h.token[:, :-1] == val[1:].astype(np.int32)[None])
+    h = idx.lookup(val)  # unmasked; the cut comes from the rule as the design states it
+    kept = (h.token >= 0) & ~boundary_cuts(val)
+    right = kept[:, :-1] & (h.token[:, :-1] == val[1:].astype(np.int32)[None])
     for chunk in (777, 1 << 20):
         st = hint_stats(idx, val, chunk=chunk)
-        assert st["covered"] == (h.token[:, :-1] >= 0).sum(1).tolist()
+        assert st["covered"] == kept[:, :-1].sum(1).tolist()
         assert st["correct"] == right.sum(1).tolist()
     assert "restart at every BOS" in format_stats(st)
     off = hint_stats(idx, val, boundary=None)

@@ -26,8 +26,8 @@ import pytest
 
 from hints import Geometry, HintIndex, ReferenceIndex
 from hints.lookup import GROUP_BLOCK
-from hints.kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, kind_of, kind_parts
-from hints.reference import reference_slots, slot_of
+from hints.kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, kind_parts
+from hints.reference import reference_kind, reference_slots, slot_of
 
 STDLIB = os.path.dirname(os.__file__)
 
@@ -126,7 +126,7 @@ class KeyModel:
                 total = sum(c.values())
                 token[k, t], count[k, t] = best, total
                 purity[k, t] = np.float32(c[best] / total)
-                kind[k, t] = kind_of.py_func(k, total, c[best])
+                kind[k, t] = reference_kind(k, total, c[best])
         return dict(token=token, count=count, purity=purity, kind=kind), collided
 
 

@@ -75,7 +75,9 @@ def trained(features, steps=3, amp=contextlib.nullcontext, **overrides):
 
 @pytest.mark.parametrize("name", FEATURES)
 def test_shapes_and_gradients(name, amp):
-    model = tiny_model(FEATURES[name])
+    """Shapes, and on a trained model (at init the zero head and projections leave most gradients
+    exactly zero) every parameter is used: its gradient is finite and nonzero somewhere."""
+    model = trained(FEATURES[name], amp=amp)
     idx, targets = batch()
     hints = torch.randint(-1, VOCAB, (B, T, K))
     with amp():
@@ -89,8 +91,9 @@ def test_shapes_and_gradients(name, amp):
         assert model.skip_weights.shape == (n_blocks - n_blocks // 2,)
     assert len(model.value_embeds) == model.cfg.value_embeds
     assert all(not b.has_attention for i, b in enumerate(model.blocks) if i in model.cfg.no_attn_layers)
-    for p in model.parameters():  # every parameter is used
-        assert p.grad is not None
+    for name, p in model.named_parameters():  # every parameter is used
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert (p.grad != 0).any(), name
 
 
 @pytest.mark.parametrize("name", FEATURES)

@@ -1,6 +1,8 @@
 """model/ optimizers and gradient sync: Muon orthogonalises, parameter groups are complete, the
-schedules, Muon's balanced ownership, and on gloo ranks the overlapped sync with sharded Muon
-matches the single-process optimizer while moving fewer bytes than the blocking all-reduce."""
+schedules, Muon's balanced ownership, and on gloo ranks: the synced gradients of a trained model,
+before any optimizer, are the means over the ranks (a sum is off by 2, not hidden by Adam or
+Muon's normalisation), and the overlapped sync with sharded Muon matches the single-process
+optimizer while moving fewer bytes than the blocking all-reduce."""
 import collections
 import math
 import os
@@ -14,6 +16,7 @@ import torch.multiprocessing as mp
 from hints import n_kinds
 from model import (GPT, GPTConfig, GradSync, Muon, allreduce_grads, attention_window_blocks, build_optimizers,
                    lr_multiplier, muon_momentum)
+from model.optim import GRAD_SYNCS
 from model.collectives import COMM_BYTES
 from model.muon import MUON_BUCKETS, assign_owners, newton_schulz_cost, split_buckets
 
@@ -207,10 +210,56 @@ def train_distributed(rank, grad_sync, arch="speedrun", bf16_tables=False):
     return {k: v.clone() for k, v in model.state_dict().items()}, dict(COMM_BYTES.bytes)
 
 
+def trained_backbone_state(steps=3):
+    """tiny_backbone()'s weights after `steps` single-process steps on batches no rank uses: the head,
+    the projections and the mixes are nonzero, so every gradient carries signal (at init the zero
+    head and projections leave most of them exactly zero)."""
+    model = tiny_backbone()
+    optimizers = build_optimizers(model, arch="speedrun")
+    for step in range(steps):
+        model(*gpt_batch(WORLD_SIZE, step)).backward()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+    return model.state_dict()
+
+
+def backbone_from(state, bf16_tables=False):
+    model = tiny_backbone()
+    model.load_state_dict(state)
+    if bf16_tables:
+        model.cast_embeddings(torch.bfloat16)
+    model.set_window_blocks(2)
+    return model
+
+
+def reduced_grads(rank, state, grad_sync, bf16_tables=False):
+    """{name: gradient} after one backward on this rank's batch and the sync, before any optimizer
+    step. allreduce: every gradient averaged. overlap: the all-reduce buckets waited for, and Muon's
+    reduce-scatters too (its step() would wait for them): this rank's own matrices averaged, the
+    others left as this rank computed them."""
+    model = backbone_from(state, bf16_tables)
+    optimizers = build_optimizers(model, arch="speedrun", rank=rank, world_size=WORLD_SIZE, grad_sync=grad_sync)
+    sync = GradSync(model, optimizers) if grad_sync == "overlap" else None
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_tables):
+        loss = model(*gpt_batch(rank, 0))
+    loss.backward()
+    if sync is None:
+        allreduce_grads(model)
+    else:
+        sync.wait()
+        for bucket in sync.sharded:
+            bucket.wait()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
 def distributed_worker(rank, port, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
+        state = torch.load(os.path.join(out_dir, "trained.pt"))
+        results = {f"reduced_{grad_sync}": reduced_grads(rank, state, grad_sync) for grad_sync in GRAD_SYNCS}
+        results["reduced_bf16_tables"] = reduced_grads(rank, state, "overlap", bf16_tables=True)
         # plain matrices, sharded Muon without a GradSync: step() reduce-scatters by itself
         params = matrices()
         muon = Muon(list(params), lr=0.05, rank=rank, world_size=WORLD_SIZE)
@@ -218,7 +267,7 @@ def distributed_worker(rank, port, out_dir):
             for p, g in zip(params, matrix_grads(rank, step)):
                 p.grad = g
             muon.step()
-        results = {"matrices": [p.detach().clone() for p in params]}
+        results["matrices"] = [p.detach().clone() for p in params]
         for grad_sync in ("allreduce", "overlap"):
             results[grad_sync], results[grad_sync + "_bytes"] = train_distributed(rank, grad_sync)
             # gpt2: tied embedding and head, AdamW only; the hooks' buckets against the blocking path
@@ -255,9 +304,44 @@ def blocking_path_bytes_before_this_change(model):
     return 2 * (W - 1) / W * 4 * n_all + (W - 1) / W * 4 * gathered
 
 
+def assert_synced_gradients_are_the_mean(results, state, path):
+    """Before any optimizer: after the sync every gradient a rank holds reduced is the mean of the
+    ranks' own gradients (computed here, one backward per rank's batch), so a sum would be off by a
+    factor of 2, not by an optimizer's eps. On the overlap path Muon's matrices are reduce-scattered:
+    exactly one rank (the owner) holds each one's mean, the others their own gradient."""
+    bf16 = path == "reduced_bf16_tables"
+    own = []
+    for r in range(WORLD_SIZE):
+        model = backbone_from(state, bf16)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(*gpt_batch(r, 0))
+        loss.backward()
+        own.append({name: p.grad.detach().float() for name, p in model.named_parameters()})
+    tol = dict(rtol=2e-2, atol=1e-6) if bf16 else dict(rtol=1e-5, atol=1e-8)
+    sharded = {n for n, p in backbone_from(state).named_parameters() if n.startswith("blocks.") and p.ndim == 2}
+    assert sharded and len(sharded) < len(own[0])
+    for name in own[0]:
+        mean = sum(g[name] for g in own) / WORLD_SIZE
+        assert (mean != 0).any() and not torch.allclose(mean, 2 * mean, **tol), name  # a sum would be seen
+        got = [results[r][path][name].float() for r in range(WORLD_SIZE)]
+        if path == "reduced_allreduce" or name not in sharded:
+            for r in range(WORLD_SIZE):
+                torch.testing.assert_close(got[r], mean, **tol, msg=lambda m: f"{path} rank {r} {name}: {m}")
+        else:
+            holders = [r for r in range(WORLD_SIZE) if torch.allclose(got[r], mean, **tol)]
+            assert len(holders) == 1, (path, name, holders)
+            for r in set(range(WORLD_SIZE)) - set(holders):
+                torch.testing.assert_close(got[r], own[r][name], **tol, msg=lambda m: f"{path} rank {r} {name}: {m}")
+
+
 def test_distributed_paths_match_single_process_and_overlap_moves_fewer_bytes(tmp_path):
+    state = trained_backbone_state()
+    torch.save(state, tmp_path / "trained.pt")
     mp.spawn(distributed_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    # the synced gradients of a trained model, before any optimizer, are the means over the ranks
+    for path in ("reduced_allreduce", "reduced_overlap", "reduced_bf16_tables"):
+        assert_synced_gradients_are_the_mean(results, state, path)
     # every rank holds the same weights, on both paths
     for r in range(1, WORLD_SIZE):
         for a, b in zip(results[0]["matrices"], results[r]["matrices"]):

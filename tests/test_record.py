@@ -1,7 +1,9 @@
 """The record run as the record runs it, at tiny width on CPU: the background builder gets ready
 before the clock but indexes nothing until the clock starts; the one validation, at the end,
-waits for the index and the wait is training time; llmc at demo width plans and runs here,
-within the memory its plan gives a rank; the builder's memory is pre-faulted by its threads."""
+waits for the index if it is not ready by the last step, and the wait is training time (runs
+that force each ordering); the record's verdict for every way an attempt fails; llmc at demo
+width plans and runs here, within the memory its plan gives a rank; the builder's memory is
+pre-faulted by its threads."""
 import json
 import os
 import subprocess
@@ -11,22 +13,42 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data.manifest import write_manifest
+from data.shards import write_shard
 from hints import Geometry, HintIndex
+from train.val_hints import record_verdict
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 512
 RUN_TIMEOUT_S = 300
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+# A background index of random tokens (every n-gram new, so every slot is staged and placed):
+# its build takes seconds here (~15M tokens/s on 2 shared cores) and ~0.5 s on a fast 2-core
+# host, far longer than 2 tiny steps, so it is ready only after the last step.
+LATE_HINT_TOKENS = 24_000_000
+# A background index of a few thousand tokens is ready within milliseconds of the clock's start,
+# long before the 8th tiny step ends (each takes 10-20 milliseconds here).
+EARLY_HINT_TOKENS = 20_000
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, phrase_corpus):
-    # 2M training tokens: their build takes longer than 2 tiny steps, so the final validation waits;
-    # the val shard is held out (its own seed)
-    sizes = {"train_000000.bin": 1_000_000, "train_000001.bin": 1_000_000, "val_000000.bin": 8_000}
+    # the training shards; the val shard is held out (its own seed)
+    sizes = {"train_000000.bin": 100_000, "train_000001.bin": 100_000, "val_000000.bin": 8_000}
     return phrase_corpus(tmp_path_factory.mktemp("record"), sizes, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def long_hint_shards(tmp_path_factory):
+    """LATE_HINT_TOKENS random tokens in two shards (and their manifest), for --hint-files."""
+    folder = tmp_path_factory.mktemp("record_hints")
+    rng = np.random.default_rng(7)
+    for i in range(2):
+        write_shard(folder / f"hint_{i:06d}.bin", rng.integers(0, VOCAB, LATE_HINT_TOKENS // 2).astype(np.uint16))
+    write_manifest(folder)
+    return folder / "hint_*.bin"
 
 
 def trainer(args, tmp_path):
@@ -47,30 +69,75 @@ def trainer(args, tmp_path):
 def record_args(corpus, *extra):
     return ["--preset", "record", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
             "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
-            "--batch-size", "2", "--val-tokens", "2048", "--hint-tokens", "2M", "--hint-workers", "1",
+            "--batch-size", "2", "--val-tokens", "2048", "--hint-workers", "1",
             "--attn-block-size", "16", "--value-embeds", "1", "--no-attn-layers", "", "--warmup-steps", "0", *extra]
 
 
-def test_record_preset_builds_on_the_clock_and_its_one_validation_waits(corpus, tmp_path):
-    """A 2-step record-preset run: the builder indexed 0 tokens before the clock (measured when the
-    clock started), started hashing after it, and the one validation (at the end) waited for the
-    index, used it, and counted any wait in train_time_s: the clock ran until the index was ready."""
-    rc, out, s, _ = trainer(record_args(corpus, "--steps", "2"), tmp_path)
+@pytest.mark.parametrize("ordering", ["ready_before_the_last_step", "ready_after_the_last_step"])
+def test_record_preset_builds_on_the_clock_and_its_one_validation_waits(corpus, long_hint_shards, tmp_path, ordering):
+    """A record-preset run: the builder indexed 0 tokens before the clock (measured when the clock
+    started) and started hashing after it; the one validation (at the end) used the index, and
+    the clock ran until the index was ready: when it was ready only after the last step, the
+    validation waited and the wait is training time; when it was ready before, nothing was added.
+    Which happened is read from the summary's numbers (ready_s against final_validation_s, both
+    seconds after the clock's start), so the test holds whichever process wins; the two cases
+    make each ordering happen (a tiny index and 8 steps; a long build and 2 steps)."""
+    if ordering == "ready_before_the_last_step":
+        args, tokens = ["--hint-tokens", str(EARLY_HINT_TOKENS), "--steps", "8"], EARLY_HINT_TOKENS
+    else:
+        args, tokens = ["--hint-files", str(long_hint_shards), "--hint-tokens", str(LATE_HINT_TOKENS),
+                        "--steps", "2"], LATE_HINT_TOKENS
+    rc, out, s, _ = trainer(record_args(corpus, *args), tmp_path)
     assert rc == 0, out[-6000:]
     b = s["background"]
-    assert b["state"] == "ready" and b["tokens_done"] == 2_000_000
+    assert b["state"] == "ready" and b["tokens_done"] == tokens
     assert b["tokens_done_at_clock_start"] == 0
     assert 0 <= b["build_started_s"] < b["ready_s"]
     assert b["prefault"]["how"] in ("populate", "fallocate+touch") and b["prefault"]["bytes"] >= b["geometry"]["slots"]
-    # one validation, at the end, on the background index, after a wait that is training time
-    assert [v["step"] for v in s["val_history"]] == [2] and s["val_index"] == "background"
-    # (whether it had to wait depends on the machine: the 2M-token build may finish before the two steps do)
-    assert b["final_wait_s"] >= 0 and s["train_time_s"] >= b["final_wait_s"]
+    assert "armed before the clock" in out
+    # one validation, at the end, on the background index
+    assert [v["step"] for v in s["val_history"]] == [s["steps"]] and s["val_index"] == "background"
     assert s["val_history"][0]["train_s"] == s["train_time_s"]
-    # the index was ready when the wait ended: the clock ran at least until ready_s
-    assert s["train_time_s"] >= b["ready_s"] - b["build_started_s"]
     assert s["record_valid"] is True and "built from the clock's start" in s["record_reason"]
-    assert "armed before the clock" in out and "waiting until it is ready or fails" in out
+    # the clock ran once, from its start to the last step (final_validation_s), then for the wait
+    stopped, wait = b["final_validation_s"], b["final_wait_s"]
+    assert s["train_time_s"] == pytest.approx(stopped + wait, rel=1e-9, abs=1e-9)
+    late = b["ready_s"] > stopped
+    if late:  # the validation waited from the clock's stop until it saw the index ready, and said so
+        assert wait > 0
+        assert "waiting until it is ready or fails" in out or "after the clock stopped" in out
+    else:  # ready before the last step: nothing to wait for, nothing added
+        assert wait == 0 and "waiting until it is ready or fails" not in out
+    assert s["train_time_s"] >= b["ready_s"]  # either way the clock ran until the index was ready
+
+
+CLEAN = dict(tokens_done_at_clock_start=0)  # the builder's status when it indexed nothing before the clock
+
+
+@pytest.mark.parametrize("final_val, status, valid, reason", [
+    pytest.param(dict(index="background"), CLEAN, True, "built from the clock's start", id="valid"),
+    # tokens indexed before the clock started: an index not built (only) on the clock
+    pytest.param(dict(index="background"), dict(tokens_done_at_clock_start=1), False,
+                 "indexed 1 tokens before the clock", id="one-token-before-the-clock"),
+    pytest.param(dict(index="background"), dict(tokens_done_at_clock_start=12_345), False,
+                 "12,345 tokens before the clock", id="tokens-before-the-clock"),
+    # never measured: no status at all, or a status without the count
+    pytest.param(dict(index="background"), None, False, "were not measured", id="no-status"),
+    pytest.param(dict(index="background"), dict(state="ready"), False, "were not measured", id="not-measured"),
+    # the final validation used another index (the builder died, was late under a finite --bg-wait,
+    # failed to open): its reason is passed on
+    pytest.param(dict(index="training", index_reason="the background index is not ready (failed: died)"), CLEAN,
+                 False, "did not use the background index (the background index is not", id="training-index"),
+    pytest.param(dict(index="val-index", index_reason="x"), CLEAN, False, "did not use", id="val-index"),
+    pytest.param(dict(index=None, index_reason="no index"), CLEAN, False, "did not use", id="no-index"),
+    pytest.param(dict(), CLEAN, False, "did not use", id="no-final-validation"),
+])
+def test_record_verdict_names_every_way_an_attempt_fails(final_val, status, valid, reason):
+    """train.val_hints.record_verdict on each way an attempt becomes invalid, and on a valid one."""
+    got_valid, got_reason = record_verdict(True, final_val, status)
+    assert got_valid is valid and reason in got_reason, got_reason
+    # a run that is no attempt (another preset, --no-hints, no background index) gets no verdict at all
+    assert record_verdict(False, final_val, status) == (None, None)
 
 
 def test_llmc_at_demo_width_plans_and_runs_here_within_its_plan(corpus, tmp_path):

@@ -115,7 +115,7 @@ def validate(run, step):
         source, index = ValSource("exact", f"exact counts ({exact.backend}, {exact.seconds:.1f}s before training)"), exact
     else:
         if run.with_background and step == total and run.args.bg_wait > 0:
-            waited = wait_for_background(run.background, run.args.bg_wait, dist, log)
+            waited = wait_for_background(run.background, run.args.bg_wait, dist, log, run.meter.stopped_at)
         source, index = pick_index(run.with_background, run.background, run.val_index, run.training_index(step), dist)
     res = evaluate(run.train_model, run.val_tokens, index, seq_len=run.seq_len, batch_size=run.args.val_batch_size,
                    dist=dist, cache=run.cache, record=run.record)

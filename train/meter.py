@@ -1,7 +1,8 @@
 """Step timing and hint-work accounting: the training clock, the interval log line, the totals.
 
 The clock runs only while steps run: it stops (after a device sync) for validation and
-checkpoints, as the speedrun's clock does. Its first start releases the background index
+checkpoints, as the speedrun's clock does. It reads time.monotonic() (CLOCK_MONOTONIC), the clock the
+background builder reports its times on. Its first start releases the background index
 builder (`on_clock_start`): building the hint corpus is training-side work, on the clock. Every step records its loss, how long the loop waited
 for its prepared batch, and how long the prep thread spent looking up and adding hints.
 `interval_line()` averages the steps since the last line; `totals()` is what the summary and a
@@ -31,7 +32,8 @@ class Meter:
         self.train_losses = list(saved.get("train_losses", []))  # [step, mean loss over ranks]
         self.val_history = list(saved.get("val_history", []))
         self.last_val = {}
-        self.started = None
+        self.started = None  # time.monotonic() of the clock's latest start while it runs, else None
+        self.stopped_at = None  # time.monotonic() of its latest stop
         self.clock_start = None  # time.monotonic() when the clock first started (one clock for every process)
         self.on_clock_start = []  # called once with it: the background builder's go (hints/background.py)
         self._new_interval()
@@ -39,9 +41,9 @@ class Meter:
     # -- the clock ----------------------------------------------------------------------------
     def start(self):
         self.d.sync()
-        self.started = time.perf_counter()
+        self.started = time.monotonic()
         if self.clock_start is None:
-            self.clock_start = time.monotonic()
+            self.clock_start = self.started
             for hook in self.on_clock_start:
                 hook(self.clock_start)
         self.interval_t0 = self.train_time()
@@ -49,11 +51,12 @@ class Meter:
     def stop(self):
         self.d.sync()
         if self.started is not None:
-            self.total["train_s"] += time.perf_counter() - self.started
+            self.stopped_at = time.monotonic()
+            self.total["train_s"] += self.stopped_at - self.started
             self.started = None
 
     def train_time(self):
-        return self.total["train_s"] + (time.perf_counter() - self.started if self.started is not None else 0.0)
+        return self.total["train_s"] + (time.monotonic() - self.started if self.started is not None else 0.0)
 
     # -- per step -------------------------------------------------------------------------------
     def record(self, loss, waited, item):

@@ -16,7 +16,11 @@ from train.val_hints import record_verdict
 def run_summary(run):
     """The summary dict, the same on every rank, with rank 0's record verdict."""
     args, d, meter, background, positional = run.args, run.d, run.meter, run.background, run.positional
-    bg_status = dict(background.status(), final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
+    # the final validation: when the clock stopped for it (seconds after the clock's start, as the builder's
+    # ready_s) and how long it then waited for the index (training time)
+    stopped = meter.stopped_at - meter.clock_start if meter.stopped_at is not None else None
+    bg_status = dict(background.status(), final_validation_s=stopped,
+                     final_wait_s=meter.last_val.get("bg_wait_s", 0.0)) if background else None
     # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
     # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
     # --val-hints exact runs are experiments)

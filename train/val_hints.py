@@ -164,19 +164,26 @@ def open_val_index(path, lengths, log, record=False):
     return idx
 
 
-def wait_for_background(background, bg_wait, dist, log):
-    """At the final validation: wait up to bg_wait seconds while the build runs; the seconds
-    waited, the same on every rank. Rank 0 decides when to stop waiting and tells the others, so
-    a builder that died before its first status write (which only the owner sees) costs no rank
-    the whole wait."""
+def wait_for_background(background, bg_wait, dist, log, clock_stopped):
+    """At the final validation: the seconds from the clock's stop (`clock_stopped`, time.monotonic())
+    until the background index was ready, waiting up to bg_wait seconds while it builds; 0 when it
+    was ready before the clock stopped. Training time (an index that got ready after the last step
+    kept the run waiting, however short the gap), the same on every rank. Rank 0 decides when to
+    stop waiting and tells the others, so a builder that died before its first status write (which
+    only the owner sees) costs no rank the whole wait."""
     waited = 0.0
-    if dist.master and background is not None and background.status()["state"] in BUILDING:
-        limit = "until it is ready or fails" if bg_wait == float("inf") else f"up to {bg_wait:.0f}s"
-        log(f"final validation: waiting {limit} for the background index ({background.describe()}); "
-            f"the wait counts as training time")
-        t0 = time.perf_counter()
-        background.wait(bg_wait, poll_s=FINAL_WAIT_POLL_S)
-        waited = time.perf_counter() - t0
+    if dist.master and background is not None:
+        st = background.status()
+        if st["state"] in BUILDING:
+            limit = "until it is ready or fails" if bg_wait == float("inf") else f"up to {bg_wait:.0f}s"
+            log(f"final validation: waiting {limit} for the background index ({background.describe()}); "
+                f"the wait counts as training time")
+            background.wait(bg_wait, poll_s=FINAL_WAIT_POLL_S)
+            waited = time.monotonic() - clock_stopped
+        elif st["state"] == "ready" and st["clock_start"] + st["ready_s"] > clock_stopped:
+            waited = time.monotonic() - clock_stopped  # ready since the clock stopped: the run waited for it
+            log(f"final validation: the background index got ready {st['clock_start'] + st['ready_s'] - clock_stopped:.3f}s "
+                f"after the clock stopped; the {waited:.3f}s since count as training time")
     return dist.broadcast(waited)
 
 
