@@ -1,5 +1,5 @@
-"""llama.cpp's drafting rule: the Numba form (hints/draft.py) equals the plain-Python statement
-(hints/draft_reference.py) on standard-library text and on planted streams (ties, short
+"""llama.cpp's drafting rule: the Numba form (hints/draft/llama.py) equals the plain-Python statement
+(hints/draft/reference.py) on standard-library text and on planted streams (ties, short
 sequences, every threshold at its exact edge, the static weight); the static cache's file
 round trip; `python -m hints draft-stats`; the hints policy's index picks equal the index's
 own lookups."""
@@ -13,8 +13,9 @@ from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex
 from hints import draft as D
-from hints import draft_reference as R
-from hints import hint_draft as H
+from hints.draft import caches as C
+from hints.draft import from_hints as H
+from hints.draft import reference as R
 from hints.cli import main as hints_main
 
 
@@ -49,7 +50,7 @@ def test_replay_equals_reference_on_stdlib_text(text, static_text, n_ctx, n_draf
 
 def drafts_both(history, seq, static_tokens=None, n_draft=8):
     """(fast, reference) drafts after seq, with a dynamic cache of `history` and a static one."""
-    dyn = D.add_sequence(D.new_cache(), np.asarray(history, np.int64), len(history)) if len(history) else D.new_cache()
+    dyn = C.add_sequence(C.new_cache(), np.asarray(history, np.int64), len(history)) if len(history) else C.new_cache()
     st = D.build_static(np.asarray(static_tokens)) if static_tokens is not None else None
     fast = D.LlamaDrafter(static=st, dynamic=dyn).draft(np.asarray(seq, np.int64), n_draft).tolist()
     ref_dyn = {}
@@ -67,7 +68,7 @@ def test_every_prefix_of_planted_streams_drafts_as_the_reference():
         stream = np.concatenate([phrases[i] for i in rng.integers(0, 8, 60)])
         history = np.concatenate([phrases[i] for i in rng.integers(0, 8, 40)])
         static = np.concatenate([phrases[i] for i in rng.integers(0, 8, 80)])
-        dyn = D.add_sequence(D.new_cache(), history.astype(np.int64), history.size)
+        dyn = C.add_sequence(C.new_cache(), history.astype(np.int64), history.size)
         drafter = D.LlamaDrafter(static=D.build_static(static) if trial % 2 else None, dynamic=dyn)
         ref_dyn = {}
         R.count_ngrams(ref_dyn, history.tolist(), range(1, 5))

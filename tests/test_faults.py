@@ -16,7 +16,7 @@ import pytest
 
 from data.shards import write_shard
 from hints import Geometry, HintIndex, store
-from hints.background import BackgroundBuilder
+from hints.index.background import BackgroundBuilder
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -156,7 +156,7 @@ def test_fill_count_beyond_slots_is_refused_naming_the_file(tmp_path):
 TRAINER = r"""
 import os, signal, sys, time
 from hints import Geometry
-from hints.background import BackgroundBuilder
+from hints.index.background import BackgroundBuilder
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it even when the suite runs under nohup (SIGHUP ignored)
 files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
 # as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach

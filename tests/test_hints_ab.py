@@ -4,6 +4,7 @@ own package twice, so nothing is compiled again)."""
 import argparse
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,26 @@ def git(*args):
 
 @pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
 def test_copies_of_a_revision_hold_its_hints_package(tmp_path):
-    # the revision before hints/index.py last changed: a copy of any other revision would differ
-    rev = git("log", "-1", "--format=%H", "--", "hints/index.py").decode().strip() + "~1"
-    assert git("show", f"{rev}:hints/index.py") != (REPO / "hints" / "index.py").read_bytes()
+    # the revision before hints/ last changed: a copy of the checkout's package would differ from it
+    rev = git("log", "-1", "--format=%H", "--", "hints/").decode().strip() + "~1"
+    assert git("rev-parse", f"{rev}:hints") != git("rev-parse", "HEAD:hints")
     folder, names = hints_ab.materialize(rev, 2, root=tmp_path)
     assert len(set(names)) == 2
-    files = git("ls-tree", "--name-only", rev, "hints/").decode().split()
-    assert "hints/index.py" in files
+    files = git("ls-tree", "-r", "--name-only", rev, "hints/").decode().split()  # sub-packages too
+    assert "hints/__init__.py" in files
     for name in names:
         for f in files:
-            assert (folder / name / Path(f).name).read_bytes() == git("show", f"{rev}:{f}"), (name, f)
+            assert (folder / name / Path(f).relative_to("hints")).read_bytes() == git("show", f"{rev}:{f}"), (name, f)
     copy = hints_ab.import_copy(folder, names[1])  # its own package, not the checkout's
-    assert copy.__name__ == names[1] and Path(copy.index.__file__).parent == folder / names[1]
+    assert copy.__name__ == names[1] and Path(copy.__file__).parent == folder / names[1]
     assert copy.HintIndex is not hints.HintIndex
-    stamp = (folder / names[0] / "index.py").stat().st_mtime_ns
+    assert Path(sys.modules[copy.HintIndex.__module__].__file__).is_relative_to(folder / names[1])
+    stamp = (folder / names[0] / "__init__.py").stat().st_mtime_ns
     assert hints_ab.materialize(rev, 2, root=tmp_path) == (folder, names)  # kept, not made again
-    assert (folder / names[0] / "index.py").stat().st_mtime_ns == stamp
-    assert sorted(p.name for p in (folder / names[0]).iterdir()) == sorted(Path(f).name for f in files)
+    assert (folder / names[0] / "__init__.py").stat().st_mtime_ns == stamp
+    held = sorted(str(p.relative_to(folder / names[0])) for p in (folder / names[0]).rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+    assert held == sorted(str(Path(f).relative_to("hints")) for f in files)
     with pytest.raises(SystemExit, match="no-such-revision"):
         hints_ab.materialize("no-such-revision", 2, root=tmp_path)
 

@@ -33,7 +33,7 @@ class Meter:
         self.last_val = {}
         self.started = None
         self.clock_start = None  # time.monotonic() when the clock first started (one clock for every process)
-        self.on_clock_start = []  # called once with it: the background builder's go (hints/background.py)
+        self.on_clock_start = []  # called once with it: the background builder's go (hints/index/background.py)
         self._new_interval()
 
     # -- the clock ----------------------------------------------------------------------------

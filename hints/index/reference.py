@@ -11,17 +11,18 @@ before a stream position, with document boundaries; every source of Cells is tes
 """
 import numpy as np
 
-from . import kernels
+from ..cells import BOS, Cells, check_boundary
+from ..kinds import cell_of, kind_of
+from ..numba_ops import FMIX_C1, FMIX_C2
 from .geometry import DEFAULT_LENGTHS
-from .index import Hints
-from .cells import BOS, Cells, check_boundary
-from .kinds import cell_of, kind_of
+from .hashing import BUCKET_MULT, HASH_MULT, SEED_MULT
+from .results import Hints
 
 M64 = (1 << 64) - 1
-_MULT = int(kernels.HASH_MULT)
-_SEED = int(kernels.SEED_MULT)
-_C1, _C2 = int(kernels.FMIX_C1), int(kernels.FMIX_C2)
-_BUCKET_MULT = int(kernels.BUCKET_MULT)
+_MULT = int(HASH_MULT)
+_SEED = int(SEED_MULT)
+_C1, _C2 = int(FMIX_C1), int(FMIX_C2)
+_BUCKET_MULT = int(BUCKET_MULT)
 
 
 class ReferenceIndex:

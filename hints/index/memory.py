@@ -1,6 +1,6 @@
 """Shared memory for the background index: reserved, asked for huge pages, and pre-faulted on many threads.
 
-The background builder's table lives in a memfd (hints/background.py). Reserving it with
+The background builder's table lives in a memfd (hints/index/background.py). Reserving it with
 posix_fallocate is one thread allocating and zeroing every page (minutes for the record's
 352 GiB), and mapping it plainly gives the build's random slot writes 4 KiB pages. Here the
 mapping is asked for transparent huge pages (madvise MADV_HUGEPAGE; the kernel honours it for
@@ -12,7 +12,7 @@ and, like posix_fallocate, no SIGBUS later (a shortage is an error now). Kernels
 POPULATE_WRITE get posix_fallocate and a parallel zero-touch of the mapping instead.
 
 `hugetlb_memfd` is the other route (MFD_HUGETLB: 2 MiB pages reserved by the administrator,
-vm.nr_hugepages); `python -m hints.memory` measures both at a given size (docs/record.md).
+vm.nr_hugepages); `python -m hints.index.memory` measures both at a given size (docs/record.md).
 """
 import argparse
 import ctypes
@@ -183,7 +183,7 @@ def measure(nbytes, workers, mode):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m hints.memory", description="Measure reserving and pre-faulting "
+    p = argparse.ArgumentParser(prog="python -m hints.index.memory", description="Measure reserving and pre-faulting "
                                 "shared memory for the background index, each way (docs/record.md).")
     p.add_argument("--gib", type=float, default=2.0, help="size to reserve, GiB")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="threads that pre-fault")

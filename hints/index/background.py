@@ -3,7 +3,7 @@
 The training run starts it (local rank 0, once per node) before its clock; the builder runs
 on cores the training ranks leave free. Before the clock it only gets ready: it reserves its
 table in shared memory and pre-faults it on all its threads, with huge pages where the kernel
-allows (hints/memory.py), reads the shards into the page cache, and reports "armed". It hashes
+allows (hints/index/memory.py), reads the shards into the page cache, and reports "armed". It hashes
 its first token when the trainer's `go()` (at the clock's start) says so, adds up to
 `max_tokens` training tokens, seals and reports "ready", with every time counted from the
 clock's start (build_started_s, ready_s) and the tokens it had indexed when the clock started
@@ -45,11 +45,11 @@ from data.loader import CHUNK_TOKENS, resolve_files
 from data.shards import HEADER_BYTES
 from data.units import human_tokens, parse_token_count
 
+from ..tokens import count_tokens, iter_chunks
 from .geometry import DEFAULT_LENGTHS, Geometry
-from .index import HintIndex, compile_kernels
-from .tokens import count_tokens, iter_chunks
+from .hint_index import HintIndex, compile_kernels
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above hints/index/
 SHM_DIR = "/dev/shm"         # where named shared memory would show; this module never names any (tests look there)
 STATUS_EVERY_S = 1.0         # at most one status write per second
 PR_SET_PDEATHSIG = 1         # linux/prctl.h
@@ -133,7 +133,7 @@ def warm_page_cache(pattern, max_tokens, block=PAGE_CACHE_READ_BYTES):
 
 
 def _build_main(spec, commands):
-    """The builder process (`python -m hints.background`): spec from the first line of stdin, then
+    """The builder process (`python -m hints.index.background`): spec from the first line of stdin, then
     it reserves and pre-faults the table, reads the shards into the page cache, loads its kernels
     and reports "armed"; it hashes its first token only when the trainer's next line says the clock started."""
     def leave(signum, frame):
@@ -249,7 +249,7 @@ class BackgroundBuilder:
                     parent_pid=os.getpid(), seal=self.seal)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         # a fresh interpreter, not a fork: the trainer holds CUDA state and threads
-        self.process = subprocess.Popen([sys.executable, "-m", "hints.background"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "hints.index.background"], stdin=subprocess.PIPE,
                                         pass_fds=self._fds, env=env)
         try:  # the spec is the first line; stdin stays open for go()
             self.process.stdin.write(json.dumps(spec).encode() + b"\n")

@@ -1,5 +1,5 @@
 """Drafting from this repo's own hint index (`--policy hints`): llama.cpp's context and dynamic
-caches (hints/draft.py), with the 6/10/20-gram index as the static part.
+caches (hints/draft/llama.py), with the 6/10/20-gram index as the static part.
 
 A drafted token after the sequence seq[:k] comes from, in order:
   1. the context cache at lengths 4..1 with llama.cpp's thresholds (no static weighting: the
@@ -13,15 +13,17 @@ of 36 settings, the one with the most accepted drafts among those whose acceptan
 llama.cpp's rule's on the same text. `index_first=True` puts the index before the caches.
 
 The replay looks the index up one position at a time from inside Numba, through the sealed
-index's own search kernel (hints.lookup.lookup_sorted) on its arrays: no Python per token.
+index's own search kernel (hints.index.search_sealed) on the arrays HintIndex.search_arrays gives:
+no Python per token.
 """
 
 import numba
 import numpy as np
 
-from . import lookup as lookup_kernels
-from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, LlamaDrafter,
-                    empty_static, replay_with, try_primary, verify_draft)
+from ..index import HintIndex, search_sealed
+from .llama import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, LlamaDrafter,
+                    replay_with, try_primary, verify_draft)
+from .static import empty_static
 
 # Chosen on held-out stdlib text (docs/inference.md, "Choosing the hints policy"): the setting with
 # the most accepted drafts among those whose acceptance is at least llama.cpp's rule's.
@@ -34,7 +36,6 @@ def sealed_index(index, log=print):
     """index, sealed: a saved index is sealed already; an unsealed one is read into memory and sealed."""
     if index.sealed:
         return index
-    from .index import HintIndex
     if index.readonly:
         log(f"hint index {index.path}: unsealed; reading it into memory to seal it for drafting")
         index = HintIndex.load(index.path, mmap=False, workers=index.workers)
@@ -42,32 +43,26 @@ def sealed_index(index, log=print):
 
 
 class IndexArgs:
-    """The arrays of a sealed index and one worker's scratch, as lookup_sorted takes them."""
+    """A sealed index's arrays and one worker's scratch, as search_sealed takes them
+    (HintIndex.search_arrays, HintIndex.search_scratch), and its output arrays for n positions."""
 
     def __init__(self, index, n):
         index = sealed_index(index)
-        g = index.geom
-        sc = lookup_kernels.new_scratch(g.n_lengths, g.slots)
-        summary, side_off, side = index._side
+        K = index.geom.n_lengths
         self.index = index
-        self.table = (np.asarray(index.table), summary, side_off, side, index._lengths, index._pows, g.partition_bits,
-                      g.bucket_bits, index._bits, index._shifts)
-        self.scratch = (sc["toks"], sc["keys"], sc["parts"], sc["order"], sc["spare"], sc["hist"], sc["prefix"],
-                        sc["small_i"], sc["small_u"])
-        self.out = (np.zeros((g.n_lengths, n), np.int32), np.zeros((g.n_lengths, n), np.int32),
-                    np.zeros((g.n_lengths, n), np.int32))
+        self.table = index.search_arrays()
+        self.scratch = index.search_scratch()
+        self.out = (np.zeros((K, n), np.int32), np.zeros((K, n), np.int32), np.zeros((K, n), np.int32))
 
 
 @numba.njit(cache=True)
 def index_pick(seq, k, ix, sc, out, min_count, min_purity_pct):
     """The index's draft after seq[:k] (the n-gram ending at seq[k - 1]), or -1: the longest
     length with count >= min_count and 100 * top >= min_purity_pct * count."""
-    if k < ix[4][0]:
+    if k < 1:
         return -1
     out_tok, out_cnt, out_top = out
-    lookup_kernels.lookup_sorted(k - 1, k, seq, ix[0], ix[1], ix[2], ix[3], ix[4], ix[5], ix[6], ix[7], ix[8], ix[9],
-                                 out_tok, out_cnt, out_top, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7],
-                                 sc[8])
+    search_sealed(k - 1, k, seq, ix, sc, out_tok, out_cnt, out_top)  # count 0 where no length fits yet
     for j in range(out_tok.shape[0] - 1, -1, -1):
         c = np.int64(out_cnt[j, k - 1])
         if c >= min_count and 100 * np.int64(out_top[j, k - 1]) >= min_purity_pct * c:
@@ -96,7 +91,7 @@ def draft_hints(seq, m, n_draft, ctx, dyn, st, ix, sc, out, min_count, min_purit
 
 @numba.njit(cache=True)
 def replay_chunk_hints(chunk, n_draft, seq, ctx, dyn, st, ix, sc, out, min_count, min_purity_pct, index_first):
-    """replay_chunk (hints/draft.py) with the hints policy's drafts."""
+    """replay_chunk (hints/draft/llama.py) with the hints policy's drafts."""
     seq[0] = chunk[0]
     m = 1
     drafted, accepted = 0, 0
@@ -114,7 +109,7 @@ def purity_pct(min_purity):
 
 def replay_hints(tokens, n_ctx, n_draft, index, min_count=MIN_COUNT, min_purity=MIN_PURITY, index_first=INDEX_FIRST,
                  progress=None):
-    """llama-lookup-stats's replay with the hints policy; the same dict as hints.draft.replay."""
+    """llama-lookup-stats's replay with the hints policy; the same dict as hints.draft.llama.replay."""
     ia = IndexArgs(index, n_ctx + n_draft + 1)
     st, pct = empty_static(), purity_pct(min_purity)
     return replay_with(lambda chunk, seq, ctx, dyn: replay_chunk_hints(

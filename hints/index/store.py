@@ -7,10 +7,10 @@ table and, for a sealed index, its side table.
     page-aligned after  slot table, uint64[2^P, 2^B, S]
     sealed only:        bucket summaries uint16[2^P, 2^B, W], side-table offsets int64[2^P + 1]
                         and the side table uint64[2 n] (key, value pairs), each page-aligned
-                        (see `hints.lookup`)
+                        (see `hints.index.sealed`)
 
 All arrays are page-aligned so `np.memmap` maps them as they are: loading with mmap=True
-reads the header and the fill counts only. The data checksum (``kernels.checksum64`` over
+reads the header and the fill counts only. The data checksum (``build.checksum64`` over
 fill, table and the side table) is checked on a full load and on request (``verify=True``);
 the header CRC, the geometry, the file size and every bucket's fill count (<= slots, summing
 to the header's hint count: the lookup kernels rely on it) are always checked, so no fill or
@@ -32,8 +32,8 @@ import zlib
 
 import numpy as np
 
-from .geometry import MAX_LENGTH, MAX_LENGTHS, Geometry, _human
-from .lookup import summary_words
+from .geometry import MAX_LENGTH, MAX_LENGTHS, Geometry, human_bytes
+from .sealed import summary_words
 
 MAGIC = b"NGHINTS\x00"
 VERSION = 3
@@ -193,7 +193,7 @@ def reserve(fd, nbytes, path):
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOMEM):
-            raise OSError(e.errno, f"hint index {path}: cannot reserve {nbytes:,} bytes ({_human(nbytes)}): "
+            raise OSError(e.errno, f"hint index {path}: cannot reserve {nbytes:,} bytes ({human_bytes(nbytes)}): "
                                    f"{os.strerror(e.errno)}") from None
         raise
 

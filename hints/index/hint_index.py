@@ -9,13 +9,11 @@ partition is filled in stream order (chunk by chunk), the bytes do not depend on
 of `add` calls, on the worker count or on which worker took which chunk or partition.
 
 A finished index can be sealed (`seal()`): every bucket is sorted and frequent n-grams get a
-side table, so a lookup finds its runs by binary search (see `hints.lookup`). A sealed index
+side table, so a lookup finds its runs by binary search (see `hints.index.sealed`). A sealed index
 returns exactly what it returned before; it is saved and loaded sealed. `add()` on a sealed
 index unseals it (its buckets stay valid, lookups go back to scanning). One index must not be
 added to while it is looked up from another thread.
 """
-import dataclasses
-import mmap
 import os
 import shutil
 import tempfile
@@ -23,121 +21,24 @@ import threading
 import time
 import warnings
 
-import numba
 import numpy as np
 
-from . import kernels, store
-from . import lookup as lookup_kernels
-from .parallel import line_aligned, run_ranges, run_split
-from .geometry import MAX_TOKEN, SLOTS_PER_LINE, Geometry, _human
-from .cells import BOS
-from .kinds import kind_of
-
-STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
-# Positions a stage-1 worker claims at a time: "chunks of 64k tokens", or more with many partitions,
-# so that a chunk brings each partition CHUNK_SLOTS_PER_PARTITION slots on average and stage 2's
-# step per (chunk, partition) is spread over them (at 2^14 partitions a 64k chunk brought 4, and
-# stage 2 with 2 workers ran slower than with 1).
-STAGE1_MIN_CHUNK = 1 << 16
-CHUNK_SLOTS_PER_PARTITION = 64
-# Stage 1's burst line per partition: 8 slots (one cache line) at the record's 2^14 partitions (1 MiB,
-# L2-resident), 16 at 128 partitions, 32 at 64 or fewer, so that a partition's slots leave in fewer,
-# larger flushes (each flush is a branch that mispredicts), within BURST_BYTES. 32 slots: stage 1
-# of the stdlib build at 16 partitions took 0.90x the time of 8 (A/A 1.00x), a record-step add 0.92x.
-MAX_BURST_SLOTS = 32
-BURST_BYTES = 1 << 14   # all partitions' burst lines: half of this machine's 32 KiB L1D, beside the hash buffers
-STAGE_OVERHEAD = 0.1       # target: partial blocks add <= 10% to staging (DESIGN: staging <= 1.1 x 8 B/token)
-MIN_CHUNK_TOKENS = 1 << 22  # smallest sub-chunk of an add() (4M tokens, 32 MiB of staging)
-
-
-@dataclasses.dataclass
-class Hints:
-    """Per position and length: hinted token (-1 none), n-gram count, purity, kind (-1 none)."""
-
-    token: np.ndarray   # int32  (n_lengths, n)
-    count: np.ndarray   # int32  (n_lengths, n)
-    purity: np.ndarray  # float32 (n_lengths, n)
-    kind: np.ndarray    # int16  (n_lengths, n)
-
-
-def as_tokens(tokens, name="tokens"):
-    """A 1-D uint16 view/copy of `tokens`, or a ValueError saying what was wrong."""
-    a = np.asarray(tokens)
-    if a.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array of token ids, got shape {a.shape}")
-    if a.size == 0:
-        return np.zeros(0, dtype=np.uint16)  # np.asarray([]) is float64; an empty input is still fine
-    if a.dtype == np.uint16:
-        return np.ascontiguousarray(a)
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name}: expected integer token ids (uint16), got dtype {a.dtype}")
-    if a.size and (a.min() < 0 or a.max() > MAX_TOKEN):
-        raise ValueError(f"{name}: token ids must be in [0, {MAX_TOKEN}], found range [{a.min()}, {a.max()}]")
-    return a.astype(np.uint16)
-
-
-def burst_slots(geom):
-    """Slots of a stage-1 burst line per partition: whole cache lines (kernels.BURST slots each),
-    as many as keep all partitions' lines within BURST_BYTES, up to MAX_BURST_SLOTS."""
-    s = kernels.BURST
-    while 2 * s <= MAX_BURST_SLOTS and geom.n_partitions * 2 * s * 8 <= BURST_BYTES:
-        s *= 2
-    return s
-
-
-def stage1_chunk(geom):
-    """Positions a stage-1 worker claims at a time, for this geometry."""
-    return max(STAGE1_MIN_CHUNK, geom.n_partitions * CHUNK_SLOTS_PER_PARTITION)
-
-
-def default_chunk_tokens(geom, workers):
-    """Sub-chunk of add(): large enough that each range's partial last block per partition
-    adds at most STAGE_OVERHEAD to staging."""
-    return max(MIN_CHUNK_TOKENS, int(workers * geom.n_partitions * STAGE_BLOCK / STAGE_OVERHEAD))
-
-
-def staging_nbytes(geom, workers, n, stage1_chunk):
-    """Bytes of the staging area HintIndex._staging allocates for sub-chunks of up to n tokens
-    (what staging_bytes() then reports; a test checks they agree): the arena of blocks with
-    their lengths and links, the chunk claims, and every worker's chain ends and burst lines."""
-    P, w = geom.n_partitions, workers
-    n_blocks = -(-n // STAGE_BLOCK) + w * P + 1
-    n_chunks = -(-n // stage1_chunk) if w > 1 else 0
-    shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
-    per_worker = P * (5 * 8 + burst_slots(geom) * 8 + 1) + 8  # head, tail, tail_len, full_blocks, staged; bursts; fills; skipped
-    per_worker += (3 * kernels.HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
-    return shared + w * per_worker
-
-
-def alloc(shape, dtype):
-    """An uninitialised array on fresh anonymous memory, with transparent huge pages asked for
-    (fewer TLB misses on the random bucket accesses of stage 2 and lookup)."""
-    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-
-def lookup_outputs(K, n):
-    """A lookup's output arrays, (K, n) each: token, count, top count (int32), purity (float32),
-    kind (int16), carved from one allocation. From malloc, not a fresh mapping: once a caller
-    has dropped its last result, the allocator hands the same memory back with no page faults
-    (a fresh huge-page mapping per call paid them on every lookup)."""
-    sizes = [(np.int32, 4), (np.int32, 4), (np.int32, 4), (np.float32, 4), (np.int16, 2)]
-    buf = np.empty(sum(b for _, b in sizes) * K * n, dtype=np.uint8)
-    out, o = [], 0
-    for dtype, b in sizes:
-        out.append(buf[o:o + b * K * n].view(dtype).reshape(K, n))
-        o += b * K * n
-    return out
+from ..cells import BOS
+from ..parallel import alloc, line_aligned, run_ranges, run_split
+from ..tokens import as_tokens
+from . import build, lookup, sealed, store
+from .geometry import SLOTS_PER_LINE, Geometry, human_bytes
+from .hashing import HASH_BLOCK, hash_arrays
+from .results import Hints, lookup_outputs, purity_kinds
+from .sealed import search_sealed, search_scratch
+from .sizing import STAGE_BLOCK, burst_slots, default_chunk_tokens, stage1_chunk
 
 
 def stage2_order(heads, block_len, block_next):
     """The partitions with staged slots, largest first: the order stage-2 workers claim them in
     (the record: "the fullest partitions are processed first"), so the last ones claimed are
     small. Any order gives the same bytes."""
-    sizes = kernels.staged_sizes(heads, block_len, block_next)
+    sizes = build.staged_sizes(heads, block_len, block_next)
     order = np.argsort(-sizes, kind="stable")
     return order[:np.count_nonzero(sizes)]
 
@@ -145,13 +46,13 @@ def stage2_order(heads, block_len, block_next):
 def prefault_zero(a, workers):
     """Zero a fresh array from all workers at once (touches every page: no faults later)."""
     flat = a.reshape(-1)
-    run_ranges(lambda a0, a1: kernels.zero_fill(a0, a1, flat), flat.size, workers)
+    run_ranges(lambda a0, a1: build.zero_fill(a0, a1, flat), flat.size, workers)
 
 
 class HintIndex:
     """path: None (anonymous memory), a file path (a new file, 0600, blocks reserved; under
     /dev/shm it is shared memory), or an open file descriptor (int) of an empty file this index
-    fills, such as a memfd shared with other processes (hints/background.py)."""
+    fills, such as a memfd shared with other processes (hints/index/background.py)."""
 
     def __init__(self, geom, workers=1, path=None, chunk_tokens=None):
         if isinstance(geom, str):
@@ -174,7 +75,7 @@ class HintIndex:
                 store.create_file(path, geom)
                 self.fill, self.table = store.map_arrays(path, geom, "r+")
             else:  # shared memory (a memfd): sized, asked for huge pages, pre-faulted on `workers` threads
-                from . import memory  # here: `python -m hints.memory` runs that module as a script
+                from . import memory  # here: `python -m hints.index.memory` runs that module as a script
                 geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
                 os.ftruncate(fd, store.layout(geom)[2])
                 self.fill, self.table = store.map_arrays(path, geom, "r+")
@@ -185,31 +86,27 @@ class HintIndex:
         self.geom, self.workers, self.path = geom, int(workers), path
         self.readonly = False
         self.sealed = False
-        self._side = None  # sealed: (side_off, side_key, side_val), see hints.lookup
+        self._side = None  # sealed: (bucket summaries, side-table offsets, side table), see hints.index.sealed
         self._scratch_free = []  # per-worker lookup scratch (counters, sort buffers), reused
         self._scratch_lock = threading.Lock()
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2; stage 1's in [0])
-        self._full = None  # kernels.full_buckets of the fill: made by the first add(), kept by stage 2
+        self._full = None  # build.full_buckets of the fill: made by the first add(), kept by stage 2
         self._dropped[0] = dropped
         self.chunk_tokens = int(chunk_tokens or default_chunk_tokens(geom, self.workers))
         self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
         self.prefault = None  # a shared-memory table's reservation: how, on how many threads, in what time
-        g = self.geom
-        self._lengths = np.array(g.lengths, dtype=np.int64)
-        self._pows = np.array([pow(int(kernels.HASH_MULT), L, 1 << 64) for L in g.lengths], dtype=np.uint64)
-        self._bits = np.array(g.checksum_bits, dtype=np.int64)
-        self._shifts = np.array(g.key_shifts, dtype=np.int64)
+        self._lengths, self._pows, self._bits, self._shifts = hash_arrays(geom)
 
     def _check_space(self, path):
         d = os.path.dirname(os.path.abspath(path))
         free = shutil.disk_usage(d).free
         if self.geom.nbytes > free:
             raise MemoryError(f"hint index file {path}: geometry {self.geom.describe()} needs "
-                              f"{_human(self.geom.nbytes)}, but {d} has {_human(free)} free")
+                              f"{human_bytes(self.geom.nbytes)}, but {d} has {human_bytes(free)} free")
         if os.path.realpath(d).startswith("/dev/shm"):
             self.geom.check_fits_memory(what=f"shared-memory hint index {path}")
 
@@ -243,9 +140,9 @@ class HintIndex:
                 burst_fill=line_aligned((g.n_partitions,), np.uint8),
                 skipped=line_aligned((1,), np.int64),  # slots not staged: both buckets full
                 r=line_aligned((max_len,), np.uint64),  # hash buffers (K <= max_len rolling states)
-                prefix=line_aligned((kernels.HASH_BLOCK + max_len + 1,), np.uint64),
-                keys=line_aligned((kernels.HASH_BLOCK,), np.uint64),
-                parts=line_aligned((kernels.HASH_BLOCK,), np.uint64),
+                prefix=line_aligned((HASH_BLOCK + max_len + 1,), np.uint64),
+                keys=line_aligned((HASH_BLOCK,), np.uint64),
+                parts=line_aligned((HASH_BLOCK,), np.uint64),
             ) for _ in range(w)],
             cursors=[line_aligned((2, w), np.int64) for _ in range(w)],  # stage 2: where each is in every chain
             ext=np.empty(max_len + n, dtype=np.uint16),
@@ -284,7 +181,7 @@ class HintIndex:
         st = self._staging(min(tokens.size, self.chunk_tokens))
         g, w = self.geom, self.workers
         if self._full is None:
-            self._full = kernels.full_buckets(self.fill, g.slots)
+            self._full = build.full_buckets(self.fill, g.slots)
         for c0 in range(0, tokens.size, self.chunk_tokens):
             chunk = tokens[c0:c0 + self.chunk_tokens]
             h = self.history.size
@@ -303,7 +200,7 @@ class HintIndex:
             owner = st["owner"][:n_chunks]
             counts = st["counts"][:n_chunks]
             t0 = time.perf_counter()
-            run_split(lambda r, r0, r1: [kernels.stage1_worker(  # stage 1: workers claim chunks in turn
+            run_split(lambda r, r0, r1: [build.stage1_worker(  # stage 1: workers claim chunks in turn
                 ext, h, h + chunk.size, self.stage1_chunk, n_chunks, st["claims"], owner, counts, k, self._lengths, self._pows,
                 g.partition_bits, g.bucket_bits, self._bits, self._shifts, self._full, st["arena"], st["block_len"],
                 st["block_next"], st["free"], **st["workers"][k]) for k in range(r0, r1)], w, w)
@@ -315,7 +212,7 @@ class HintIndex:
             order = stage2_order(heads, st["block_len"], st["block_next"])
             counts_t = np.ascontiguousarray(counts.T)  # per partition, its chunks' counts in a row
             st["claims"][0] = 0
-            run_split(lambda r, w0, w1: [kernels.stage2_place(  # stage 2: workers claim partitions in turn
+            run_split(lambda r, w0, w1: [build.stage2_place(  # stage 2: workers claim partitions in turn
                 order, st["claims"], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table,
                 self.fill, self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
                 for k in range(w0, w1)], min(w, order.size), min(w, order.size))
@@ -328,7 +225,7 @@ class HintIndex:
     # ---- seal -----------------------------------------------------------------------------
     def seal(self):
         """Sort every bucket, write the bucket summaries and build the side table of frequent
-        n-grams (two O(table) passes over the partitions, `workers` at a time; see hints.lookup).
+        n-grams (two O(table) passes over the partitions, `workers` at a time; see hints.index.sealed).
         Lookups then search instead of scanning and return exactly what they returned before.
         Returns self."""
         if self.sealed:
@@ -336,7 +233,7 @@ class HintIndex:
         if self.readonly:
             raise RuntimeError(f"hint index {self.path} is opened read-only (mmap); load it with mmap=False to seal")
         g = self.geom
-        summary = alloc((g.n_partitions, g.n_buckets, lookup_kernels.summary_words(g.slots)), np.uint16)
+        summary = alloc((g.n_partitions, g.n_buckets, sealed.summary_words(g.slots)), np.uint16)
         side_off = np.zeros(g.n_partitions + 1, dtype=np.int64)
         side = np.zeros(0, dtype=np.uint64)
 
@@ -344,7 +241,7 @@ class HintIndex:
             def seal_range(p0, p1):
                 sc = self._take_scratch()
                 try:
-                    lookup_kernels.seal_partitions(p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits,
+                    sealed.seal_partitions(p0, p1, self.table, self.fill, g.bucket_bits, self._shifts, self._bits,
                                                    first_pass, summary, side_off, side, sc["counts"], sc["runs"][0])
                 finally:
                     self._give_scratch(sc)
@@ -352,7 +249,7 @@ class HintIndex:
 
         seal(True)  # sort, summarise, count each partition's side entries into side_off[p + 1]
         found = side_off[1:]
-        cap = np.where(found > 0, 1 << np.ceil(np.log2(np.maximum(found, 1) * lookup_kernels.SIDE_LOAD)).astype(np.int64), 0)
+        cap = np.where(found > 0, 1 << np.ceil(np.log2(np.maximum(found, 1) * sealed.SIDE_LOAD)).astype(np.int64), 0)
         side_off[1:] = np.cumsum(cap)
         if side_off[-1]:
             side = np.zeros(2 * int(side_off[-1]), dtype=np.uint64)
@@ -376,11 +273,26 @@ class HintIndex:
         with self._scratch_lock:
             if self._scratch_free:
                 return self._scratch_free.pop()
-        return lookup_kernels.new_scratch(self.geom.n_lengths, self.geom.slots)
+        return lookup.new_scratch(self.geom.n_lengths, self.geom.slots)
 
     def _give_scratch(self, scratch):
         with self._scratch_lock:
             self._scratch_free.append(scratch)
+
+    def search_arrays(self):
+        """A sealed index's arrays as `search_sealed` (hints.index.sealed) takes them, in one tuple:
+        the table, the bucket summaries, the side table and the hash parameters. With a scratch
+        from search_scratch(), a kernel looks positions up from inside Numba (the drafter does)."""
+        if not self.sealed:
+            raise ValueError(f"{self!r}: not sealed; seal() it first (the search reads sorted buckets)")
+        g = self.geom
+        summary, side_off, side = self._side
+        return (np.asarray(self.table), np.asarray(summary), side_off, side, self._lengths, self._pows,
+                g.partition_bits, g.bucket_bits, self._bits, self._shifts)
+
+    def search_scratch(self):
+        """One worker's scratch for `search_sealed`, its own (not shared with this index's lookups)."""
+        return search_scratch(lookup.new_scratch(self.geom.n_lengths, self.geom.slots))
 
     def lookup_counts(self, tokens, hints=False):
         """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n);
@@ -389,20 +301,16 @@ class HintIndex:
         K, n = self.geom.n_lengths, q.size
         tok, cnt, top, purity, kind = lookup_outputs(K, n)
         g = self.geom
-        sealed, side = self.sealed, self._side
+        arrays = self.search_arrays() if self.sealed else None
 
         def look(r, t0, t1):
             sc = self._take_scratch()
             try:
-                if sealed:
-                    lookup_kernels.lookup_sorted(
-                        t0, t1, q, self.table, side[0], side[1], side[2], self._lengths, self._pows,
-                        g.partition_bits, g.bucket_bits, self._bits, self._shifts, tok, cnt, top, sc["toks"],
-                        sc["keys"], sc["parts"], sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"],
-                        sc["small_u"])
+                if arrays is not None:
+                    search_sealed(t0, t1, q, arrays, search_scratch(sc), tok, cnt, top)
                 else:
-                    lookup_kernels.with_frozen_runs(sc, K, g.slots)
-                    lookup_kernels.lookup_scan(
+                    lookup.with_frozen_runs(sc, K, g.slots)
+                    lookup.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
                         self._bits, self._shifts, tok, cnt, top, sc["counts"], sc["runs"], sc["keys"], sc["parts"],
                         sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"], sc["small_u"],
@@ -411,7 +319,7 @@ class HintIndex:
             finally:
                 self._give_scratch(sc)
             if hints:
-                _purity_kinds(t0, t1, cnt, top, purity, kind)
+                purity_kinds(t0, t1, cnt, top, purity, kind)
 
         run_split(look, n, self.workers)
         if hints:
@@ -423,7 +331,7 @@ class HintIndex:
         return self.lookup_counts(tokens, hints=True)
 
     def lookup_cells(self, tokens, max_followers=8, boundary=BOS):
-        """The record's cells of every position of `tokens` (hints.cells; hints.index_cells says how):
+        """The record's cells of every position of `tokens` (hints.cells; hints.index.index_cells says how):
         `tokens` is one segment, its n-grams restarting at its start and at every `boundary` token."""
         from .index_cells import index_cells
         return index_cells(self, as_tokens(tokens), max_followers, boundary)
@@ -440,7 +348,7 @@ class HintIndex:
     # ---- persistence ----------------------------------------------------------------------
     def data_checksum(self):
         def checksum(words):
-            return sum(run_ranges(lambda a0, a1: int(kernels.checksum64(a0, a1, words)), words.size, self.workers))
+            return sum(run_ranges(lambda a0, a1: int(build.checksum64(a0, a1, words)), words.size, self.workers))
         a = checksum(np.asarray(self.table).reshape(-1))
         fill = np.asarray(self.fill).reshape(-1)
         # fill is uint16; view it as uint64 words (a copy only for geometries of < 4 buckets)
@@ -597,31 +505,3 @@ def compile_kernels(lengths):
         finally:
             os.close(fd)
     return time.perf_counter() - t0
-
-
-def hints_from_counts(tok, cnt, top):
-    """Raw counts (hinted token, count, the hinted token's count; (K, n) each) -> the public Hints
-    with purity and kind, exactly as lookup makes them (hints.exact uses it)."""
-    K, n = tok.shape
-    purity = np.empty((K, n), dtype=np.float32)
-    kind = np.empty((K, n), dtype=np.int16)
-    _purity_kinds(0, n, cnt, top, purity, kind)
-    return Hints(token=tok, count=cnt, purity=purity, kind=kind)
-
-
-@numba.njit(cache=True, nogil=True)
-def _purity_kinds(t0, t1, cnt, top, purity, kind):
-    """purity = top / count (float64 division rounded to float32, as NumPy does) and kind, or
-    0 and -1 where the n-gram is absent, for positions t0..t1-1. Branch-free (both are computed
-    for every entry, absent ones on a count of 1): a branch on presence mispredicts on real
-    lookups, where found and absent n-grams alternate."""
-    for k in range(cnt.shape[0]):
-        c_row, t_row = cnt[k, t0:t1], top[k, t0:t1]  # slices: no gathers (lookup.gather_run says why)
-        p_row, k_row = purity[k, t0:t1], kind[k, t0:t1]
-        for t in range(c_row.shape[0]):
-            found = c_row[t] > 0
-            c = max(c_row[t], 1)
-            p = np.float32(np.float64(t_row[t]) / np.float64(c))
-            kd = kind_of(k, c, t_row[t])
-            p_row[t] = p if found else np.float32(0)
-            k_row[t] = kd if found else -1

@@ -1,7 +1,7 @@
 """`python -m hints exact-bench`: three ways to hints for a validation stream, timed in one run.
 
   * the hint index (HintIndex): build from the training tokens, then look the query up;
-  * exact count, torch backend, on this machine's CPU (hints.exact);
+  * exact count, torch backend, on this machine's CPU (hints.exact.count);
   * exact count, Triton backend: on a CPU only in Triton's interpreter, on a small slice, for
     correctness (its speed there means nothing); on a CUDA GPU, timed, beside torch on the GPU.
 
@@ -15,11 +15,9 @@ import time
 
 import numpy as np
 
-from .exact import count_exact
-from .fingerprint import fingerprint_collisions
-from .geometry import DEFAULT_LENGTHS, Geometry
-from .index import HintIndex
-from .reference import ReferenceIndex
+from ..exact import count_exact
+from ..fingerprint import fingerprint_collisions
+from ..index import DEFAULT_LENGTHS, Geometry, HintIndex, ReferenceIndex
 
 FIELDS = ("token", "count", "purity", "kind")
 INTERPRETER_TRAIN = 3000   # tokens the interpreted kernels count (~1 s)

@@ -1,10 +1,11 @@
 """Plain-Python statement of llama.cpp's drafting rule and of its replay (llama-lookup-stats).
 
 Dicts of n-gram tuples to {follower: count}, read straight from the rule as docs/inference.md
-states it; hints/draft.py is the fast form and tests require the two to agree exactly.
+states it; hints/draft/llama.py is the fast form and tests require the two to agree exactly.
 """
-from .draft import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, NGRAM_MAX,
-                    NGRAM_MIN, NGRAM_STATIC, STATIC_MIN_PERCENT, STATIC_MIN_TOTAL, STATIC_WEIGHT)
+from .caches import NGRAM_MAX, NGRAM_MIN, NGRAM_STATIC
+from .llama import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, STATIC_MIN_PERCENT,
+                    STATIC_MIN_TOTAL, STATIC_WEIGHT)
 
 
 def count_ngrams(cache, seq, lengths, first=0):

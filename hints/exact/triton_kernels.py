@@ -1,4 +1,4 @@
-"""Triton kernels of the exact count (hints.exact_triton drives them; hints.exact defines the result).
+"""Triton kernels of the exact count (hints.exact.triton_count drives them; hints.exact.count defines the result).
 
 Three tables live on the GPU, all open addressing with linear probing and 0 as "empty":
   * query table, per length k: keys[k * C + slot] = the fingerprint of a distinct query
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 # Both ways in one process. The kernels are compiled for the GPU, and a second copy of this module
-# is loaded for Triton's interpreter (hints.exact_triton.load_kernels, under TRITON_INTERPRET=1).
+# is loaded for Triton's interpreter (hints.exact.triton_count.load_kernels, under TRITON_INTERPRET=1).
 # triton.language's own @triton.jit helpers (tl.sum, tl.max, tl.cdiv, tl.zeros) are either compiled
 # or interpreted in one process: the kernels call none of them directly (tl.full is a builtin), only
 # _total(x), the sum of x over its lanes, defined per copy:

@@ -10,12 +10,11 @@ pass to evaluate a checkpoint's validation loss at every size.
 
 from data.units import human_tokens
 
-from .cells import BOS, describe_boundary
-from .geometry import Geometry
-from .index import HintIndex
+from ..cells import BOS, describe_boundary
+from ..index import Geometry, HintIndex
+from ..tokens import count_tokens, iter_chunks
 from .report import markdown_table, write_report
 from .stats import grouped, hint_stats
-from .tokens import count_tokens, iter_chunks
 
 RECORD_LADDER_START = 75_000_000  # the article's smallest hint corpus (75M tokens)
 

@@ -21,10 +21,10 @@ area needs no more than 8 bytes per hint.
 import dataclasses
 import os
 
+from ..tokens import TOKEN_BITS
+
 SLOT_BYTES = 8
-TOKEN_BITS = 16           # GPT-2 ids < 50,257 < 2^16
 CHECKSUM_TOTAL_BITS = 48  # 64-bit slot minus the token
-MAX_TOKEN = (1 << TOKEN_BITS) - 1
 SLOTS_PER_LINE = 8        # 8 slots x 8 bytes = one 64-byte cache line; S must be a multiple
 # At most 4 n-gram lengths share a slot: 48 checksum bits leave the longest of 4 lengths a
 # 6-bit field, and the lookup kernels keep one query key per length in MAX_LENGTHS lanes.
@@ -45,7 +45,7 @@ CHECKSUM_BITS = {
 }
 
 # Longest n-gram length: a saved index keeps the last MAX_LENGTH tokens of its stream so that a
-# loaded index can go on adding (hints/store.py reserves that many history tokens in its header).
+# loaded index can go on adding (hints/index/store.py reserves that many history tokens in its header).
 MAX_LENGTH = 64
 
 # Fraction of a machine's available memory a table may take before we refuse to allocate it:
@@ -88,7 +88,8 @@ def available_memory_bytes():
         return None
 
 
-def _human(n):
+def human_bytes(n):
+    """n bytes as text: '512 B', '1.5 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
@@ -170,7 +171,7 @@ class Geometry:
 
     def describe(self):
         return (f"{self.n_partitions} partitions x {self.n_buckets} buckets x {self.slots} slots"
-                f" = {_human(self.table_bytes)}, lengths {self.lengths}")
+                f" = {human_bytes(self.table_bytes)}, lengths {self.lengths}")
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -217,8 +218,8 @@ class Geometry:
         available = available_memory_bytes() if available is None else available
         if available is not None and self.nbytes > MAX_MEMORY_FRACTION * available:
             raise MemoryError(
-                f"{what}: geometry {self.describe()} needs {_human(self.nbytes)}, but only "
-                f"{_human(available)} of memory is available (limit {MAX_MEMORY_FRACTION:.0%}); "
+                f"{what}: geometry {self.describe()} needs {human_bytes(self.nbytes)}, but only "
+                f"{human_bytes(available)} of memory is available (limit {MAX_MEMORY_FRACTION:.0%}); "
                 f"use a smaller geometry (Geometry.for_tokens or a preset) or a file backing (path=...)")
 
 

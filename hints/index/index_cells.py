@@ -10,16 +10,16 @@ and the second once the first is full, as every lookup does) and counts their fo
 sealed index's buckets hold the same slots, sorted, so the same scan serves both.
 
 Where nothing was dropped and no checksum collided, the cells equal
-`reference.reference_cells(train, query, cap=None)` (a test checks it). N-grams that span a
+`hints.index.reference.reference_cells(train, query, cap=None)` (a test checks it). N-grams that span a
 document boundary are never looked up, so whether the index stored them does not change a cell.
 """
 import numba
 import numpy as np
 
-from . import kernels
-from .parallel import run_split
-from .cells import (BOS, NO_BOUNDARY, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, reach,
+from ..cells import (BOS, NO_BOUNDARY, N_TOKEN_IDS, check_boundary, check_max_followers, empty_cells, reach,
                     top_followers, with_kinds)
+from ..parallel import run_split
+from .hashing import bucket_pair, init_states, slot_key
 
 
 @numba.njit(cache=True, nogil=True)
@@ -49,9 +49,9 @@ def followers_kernel(t0, t1, q, depth, cnt, tok, top, table, fill, lengths, pows
             out_cnt[t, 0] = top[d, t]
             continue
         j = t + 1  # the slot of the n-gram ending at q[t] sits at stream position t + 1
-        kernels.init_states(r, q, j, lengths)
-        part, c0, key = kernels.slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
-        b1, b2 = kernels.bucket_pair(c0, bucket_bits)
+        init_states(r, q, j, lengths)
+        part, c0, key = slot_key(r, j, lengths, pows, partition_bits, bits, shifts)
+        b1, b2 = bucket_pair(c0, bucket_bits)
         sh = np.uint64(shifts[d])
         qk = key >> sh
         m = 0

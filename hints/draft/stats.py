@@ -1,6 +1,6 @@
 """`python -m hints draft-stats`: llama-lookup-stats's replay of a text, for either drafting policy.
 
-The text (--tokens) is replayed as if a model had written it (hints/draft.py, `replay`): drafts
+The text (--tokens) is replayed as if a model had written it (hints/draft/llama.py, `replay`): drafts
 are compared with the text's next tokens, so acceptance here is the n-gram caches' own, not a
 model's (scripts/generate.py measures that). Printed and written (--json), as the second
 ledger set of docs/inference.md: n_drafted, n_accept, accept_pct, n_chunks, drafting time per
@@ -17,8 +17,11 @@ from tqdm import tqdm
 
 from data.units import parse_token_count
 
-from . import draft
-from .tokens import count_tokens, read_all
+from ..index import DEFAULT_LENGTHS, Geometry, HintIndex
+from ..tokens import count_tokens, read_all
+from . import from_hints
+from .llama import replay
+from .static import build_static, load_static, save_static, static_nbytes
 
 DEFAULT_N_CTX = 4096   # llama-lookup-stats's default context (and the write-up's)
 DEFAULT_N_DRAFT = 16   # llama.cpp's lookup examples' default --draft
@@ -59,29 +62,27 @@ def static_cache(args, res):
             raise ValueError(f"--static-cache {path}: no such file; give --static-tokens to build it")
         toks = read_all(args.static_tokens, args.static_max_tokens)
         t0 = time.perf_counter()
-        st = draft.build_static(toks)
+        st = build_static(toks)
         res["static_build_s"] = time.perf_counter() - t0
         if path is None:
             fd, tmp = tempfile.mkstemp(suffix=".ngstatic")
             os.close(fd)
             path = tmp
-        draft.save_static(st, path, toks.size)
+        save_static(st, path, toks.size)
         del st, toks
     try:
         t0 = time.perf_counter()
-        st, n = draft.load_static(path)
+        st, n = load_static(path)
         res["static_load_s"] = time.perf_counter() - t0
     finally:
         if tmp:
             os.unlink(tmp)
-    res.update(static_tokens=n, static_bytes=draft.static_nbytes(st), static_file=args.static_cache)
+    res.update(static_tokens=n, static_bytes=static_nbytes(st), static_file=args.static_cache)
     return st
 
 
 def hint_index(args, res):
     """The index of the hints policy: --index read into memory (timed), or built from --hint-files (timed)."""
-    from .geometry import DEFAULT_LENGTHS, Geometry
-    from .index import HintIndex
     if args.index:
         t0 = time.perf_counter()
         idx = HintIndex.load(args.index, mmap=False)
@@ -97,7 +98,6 @@ def hint_index(args, res):
 
 
 def run_draft_stats(args):
-    from . import hint_draft
     if args.n_ctx < 2 or args.n_draft < 1:
         raise ValueError(f"--n-ctx {args.n_ctx} / --n-draft {args.n_draft}: expected >= 2 and >= 1")
     if args.policy == "hints" and not (args.index or args.hint_files):
@@ -113,14 +113,14 @@ def run_draft_stats(args):
     with tqdm(total=text.size // args.n_ctx * args.n_ctx, unit="tok", unit_scale=True, desc="replay") as bar:
         if args.policy == "llama":
             st = static_cache(args, res) if (args.static_tokens or args.static_cache) else None
-            out = draft.replay(text, args.n_ctx, args.n_draft, st, progress=bar)
+            out = replay(text, args.n_ctx, args.n_draft, st, progress=bar)
         else:
             idx = hint_index(args, res)
-            c = hint_draft.MIN_COUNT if args.min_count is None else args.min_count
-            p = hint_draft.MIN_PURITY if args.min_purity is None else args.min_purity
-            first = hint_draft.INDEX_FIRST if args.index_order is None else args.index_order == "first"
+            c = from_hints.MIN_COUNT if args.min_count is None else args.min_count
+            p = from_hints.MIN_PURITY if args.min_purity is None else args.min_purity
+            first = from_hints.INDEX_FIRST if args.index_order is None else args.index_order == "first"
             res.update(min_count=c, min_purity=p, index_order="first" if first else "last")
-            out = hint_draft.replay_hints(text, args.n_ctx, args.n_draft, idx, c, p, first, progress=bar)
+            out = from_hints.replay_hints(text, args.n_ctx, args.n_draft, idx, c, p, first, progress=bar)
     res.update(out)
     res["accept_pct"] = 100 * out["n_accept"] / max(out["n_drafted"], 1)
     res["draft_us_per_drafted"] = 1e6 * out["draft_s"] / max(out["n_drafted"], 1)

@@ -14,15 +14,15 @@ import time
 import numba
 import numpy as np
 
-from .cells import BOS
-from .geometry import Geometry
-from .index import HintIndex
-from .positional import DEFAULT_CAP, TRAIN_FOLLOWERS, PositionalIndex, phase_ends
+from ..cells import BOS
+from ..index import Geometry, HintIndex
+from ..positional import DEFAULT_CAP, TRAIN_FOLLOWERS, PositionalIndex, phase_ends
+from .record import RECORD_INDEX_TOKENS, RECORD_PREFILL
 
 RANK_TOKENS = 16_384     # the record's tokens per rank per step
 WORLD = 8                # its ranks
-PREFILL = 12_000_000     # tokens already trained on when the steps are timed
-INDEX_TOKENS = 70_800_000  # today's growing index is sized for this many (hints.bench's record step)
+PREFILL = RECORD_PREFILL  # tokens already trained on when the steps are timed
+INDEX_TOKENS = RECORD_INDEX_TOKENS  # today's growing index is sized for this many (the record step's)
 
 
 def timed(fn):

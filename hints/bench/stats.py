@@ -8,8 +8,8 @@ restarts at every BOS, and the stats say which rule they used.
 """
 import numpy as np
 
-from .cells import BOS, check_boundary, describe_boundary, document_hints
-from .kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, count_bucket_label, kind_parts, n_kinds, purity_bucket_label
+from ..cells import BOS, check_boundary, describe_boundary, document_hints
+from ..kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, count_bucket_label, kind_parts, n_kinds, purity_bucket_label
 
 STATS_CHUNK = 1 << 22  # positions per lookup call: bounds the memory of stats on long streams
 

@@ -5,13 +5,13 @@ query is known in advance (the validation tokens), the count can be turned aroun
 the query's 6-, 10- and 20-grams, stream the training tokens past them, and count which
 token follows each one. The hints still come only from training data, and nothing is
 dropped: `count_exact(query, train)` equals `ReferenceIndex(lengths).add(train).lookup(query)`
-(`hints.reference`), field for field.
+(`hints.index.reference`), field for field.
 
 Two backends run the same algorithm:
   * "torch": sort/unique/searchsorted on torch tensors, CPU or GPU. The reference for the
     kernels, and exact validation hints on a CPU machine.
-  * "triton": the kernels of `hints.exact_kernels` (hash tables and atomics), driven by
-    `hints.exact_triton`, on a CUDA GPU; on a CPU they run in Triton's interpreter (slow; for
+  * "triton": the kernels of `hints.exact.triton_kernels` (hash tables and atomics), driven by
+    `hints.exact.triton_count`, on a CUDA GPU; on a CPU they run in Triton's interpreter (slow; for
     tests with small inputs).
 
 Fingerprints. An n-gram is compared by its 64-bit fingerprint F_L (hints/fingerprint.py: the
@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from .fingerprint import multipliers
-from .index import Hints, as_tokens, hints_from_counts
-from .geometry import DEFAULT_LENGTHS
+from ..fingerprint import multipliers
+from ..index import DEFAULT_LENGTHS, Hints, hints_from_counts
+from ..tokens import as_tokens
 
 TOKEN_BITS = 16  # a follower token fits in the low 16 bits of a (query n-gram, follower) pair key
 TOKEN_MASK = (1 << TOKEN_BITS) - 1
@@ -99,8 +99,8 @@ def count_exact(query, train, lengths=DEFAULT_LENGTHS, backend="torch", device=N
         counter = TorchCounter(query, lengths, device)
         default_chunk = TORCH_GPU_CHUNK if device.type == "cuda" else TORCH_CPU_CHUNK
     else:
-        from . import exact_triton
-        counter = exact_triton.TritonCounter(query, lengths, device, **backend_options)
+        from . import triton_count
+        counter = triton_count.TritonCounter(query, lengths, device, **backend_options)
         default_chunk = counter.default_chunk_tokens
     chunk_tokens = int(chunk_tokens or default_chunk)
     if chunk_tokens < 1:

@@ -1,8 +1,8 @@
-"""TritonCounter: the host side of the exact count with Triton kernels (hints.exact_kernels).
+"""TritonCounter: the host side of the exact count with Triton kernels (hints.exact.triton_kernels).
 
 On a CUDA device the kernels are compiled; on a CPU they run in Triton's interpreter (its
 TRITON_INTERPRET mode, set only while they are loaded and run), slowly: for tests on small
-inputs. The caller is hints.exact.count_exact.
+inputs. The caller is hints.exact.count.count_exact.
 
 Memory. The query table and the per-slot totals take 3 x 8 B x len(lengths) x C, with C the
 power of two >= 2 x len(query) (2.4 GB for the 10,485,760 FineWeb validation tokens). The pair
@@ -22,8 +22,8 @@ import os
 import sys
 import warnings
 
-from .fingerprint import multipliers
-from .geometry import DEFAULT_LENGTHS
+from ..fingerprint import multipliers
+from ..index import DEFAULT_LENGTHS
 
 QUERY_SLOTS_PER_NGRAM = 2  # query table slots per query position: load <= 1/2, short probes for misses
 PAIR_LOAD = 0.75           # pair table load kept at or below 3/4 (linear probing stays short; loops end)
@@ -62,18 +62,18 @@ def interpreter_env(value="1"):
 
 
 def load_kernels(interpret):
-    """hints.exact_kernels, compiled (interpret=False), or a second copy of it decorated for
+    """hints.exact.triton_kernels, compiled (interpret=False), or a second copy of it decorated for
     Triton's interpreter, so both can live in one process."""
     if not interpret:
-        from . import exact_kernels
-        return exact_kernels
+        from . import triton_kernels
+        return triton_kernels
     if "triton.language" not in sys.modules:
         with interpreter_env(None):  # triton.language's own jit helpers decorated for compiling, as
             import triton.language  # noqa: F401  the compiled copy needs them (the interpreted one does not)
-    name = f"{__package__}._exact_kernels_interpreted"
+    name = f"{__package__}._triton_kernels_interpreted"
     mod = sys.modules.get(name)
     if mod is None:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "exact_kernels.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "triton_kernels.py"))
         mod = importlib.util.module_from_spec(spec)
         with interpreter_env():
             spec.loader.exec_module(mod)
