@@ -12,6 +12,10 @@ Beside them the shared vocabulary: kinds and cells (what a hint is), tokens, fin
 NumPy + Numba only at import (no torch); `count_exact` imports torch, and Triton for its GPU
 kernels, when called. docs/design.md, "The hint index", explains it.
 """
+from . import numba_cache
+
+numba_cache.register()  # before any kernel is defined: kernels are cached against all of hints/'s source
+
 from .cells import BOS, Cells
 from .exact import count_exact
 from .index import Geometry, HintIndex, Hints, ReferenceIndex
