@@ -4,6 +4,7 @@ sequences, every threshold at its exact edge, the static weight); the static cac
 round trip; `python -m hints draft-stats`; the hints policy's index picks equal the index's
 own lookups."""
 import json
+import math
 import os
 
 import numpy as np
@@ -98,46 +99,105 @@ def test_short_sequences():
     assert fast == ref and fast[:2] == [3, 4]
 
 
-def planted(counts, lead=1000):
-    """A history where token 1 (each time after a fresh token) was followed by counts {y: c}."""
-    out, i = [], 0
-    for y, c in counts.items():
-        for _ in range(c):
-            out += [lead + i, 1, y]
-            i += 1
+PICK = 100  # the follower a threshold case is about; the others have higher ids and at most its count
+SEP = 1000   # fresh tokens before each occurrence (SEP + i) and before the query: no longer n-gram matches
+
+
+def followers(top, total):
+    """{PICK: top} and other followers (PICK + 1, ...) of at most `top` each, `total` in all: PICK is
+    the pick (the most frequent, ties to the lowest id)."""
+    out, rest, y = {PICK: top}, total - top, PICK + 1
+    while rest > 0:
+        out[y] = min(top, rest)
+        rest -= out[y]
+        y += 1
     return out
 
 
-@pytest.mark.parametrize("counts, expect", [
-    ({4: 33, 8: 17}, 4),      # 3300 >= 66 * 50: exactly at the context's 66% at length 1
-    ({4: 32, 8: 18}, None),   # 3200 < 3300
-    ({4: 2}, 4),              # total 2: the context's minimum at length 1
-    ({4: 1}, None),           # total 1 < 2
-])
-def test_context_thresholds_at_their_edges(counts, expect):
-    seq = planted(counts) + [5000, 1]
-    fast, ref = drafts_both([], seq, n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+def exactly_at(percent, min_total):
+    """(top, total) with 100 x top == percent x total exactly, total >= min_total."""
+    g = math.gcd(100, percent)
+    k = -(-min_total // (100 // g))
+    return percent // g * k, 100 // g * k
 
 
-@pytest.mark.parametrize("counts, expect", [
-    ({4: 3, 8: 1}, 4),        # total 4 (the dynamic minimum at length 1), 300 >= 75 * 4
-    ({4: 3}, None),           # total 3 < 4
-    ({4: 5, 8: 2}, None),     # 500 < 75 * 7 = 525
-    ({4: 6, 8: 2}, 4),        # 600 >= 600
-])
-def test_dynamic_thresholds_at_their_edges(counts, expect):
-    fast, ref = drafts_both(planted(counts), [5000, 1], n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+def edge_cases():
+    """For each cache (context: lax, dynamic: strict), n-gram length and threshold, as llama.cpp sets
+    them (hints/draft/reference.py): a count exactly at it (drafts) and one just below it (does not):
+    a total of min and min - 1 (where min - 1 >= 1: no n-gram has a total of 0), a pick at exactly
+    percent and at exactly percent - 1 of its total. A threshold one higher fails the first, one
+    lower the second."""
+    cases = []
+    for cache, min_total, min_percent in (("context", R.CONTEXT_MIN_TOTAL, R.CONTEXT_MIN_PERCENT),
+                                          ("dynamic", R.DYNAMIC_MIN_TOTAL, R.DYNAMIC_MIN_PERCENT)):
+        for length in range(R.NGRAM_MIN, R.NGRAM_MAX + 1):
+            t, p = min_total[length], min_percent[length]
+            cases.append(pytest.param(cache, length, {PICK: t}, True, id=f"{cache}-{length}-total-{t}"))
+            if t > 1:
+                cases.append(pytest.param(cache, length, {PICK: t - 1}, False, id=f"{cache}-{length}-total-{t - 1}"))
+            for q, drafts in ((p, True), (p - 1, False)):
+                top, total = exactly_at(q, t)
+                cases.append(pytest.param(cache, length, followers(top, total), drafts,
+                                          id=f"{cache}-{length}-{top}-of-{total}"))
+    return cases
 
 
-@pytest.mark.parametrize("followers, expect", [([6, 5], 5), ([6], None), ([6, 6, 5, 7], 6), ([6, 5, 7], None)])
-def test_static_fallback_at_its_edges(followers, expect):
+def occurrences(gram, counts):
+    """A stream in which the n-gram `gram` occurs once per count of counts {follower: count}, each
+    time after a fresh token and followed by that follower."""
+    out = []
+    for y, c in counts.items():
+        for _ in range(c):
+            out += [SEP + 1 + len(out), *gram, y]
+    return out
+
+
+@pytest.mark.parametrize("cache, length, counts, drafts", edge_cases())
+def test_each_threshold_at_its_edge(cache, length, counts, drafts):
+    """The n-gram of `length` that ends the sequence has these followers, in the context cache (the
+    sequence itself) or in the dynamic one (an earlier sequence); no longer n-gram matches, and a
+    shorter one has the same followers, whose thresholds are no lower (llama.cpp's are monotone),
+    so the pick at `length` is drafted, or nothing is."""
+    gram = list(range(10, 10 + length))
+    seen, query = occurrences(gram, counts), [SEP, *gram]
+    fast, ref = drafts_both([], seen + query, n_draft=1) if cache == "context" else drafts_both(seen, query, n_draft=1)
+    assert ref == ([PICK] if drafts else []), "the plain statement of llama.cpp's rule"
+    assert fast == ref
+
+
+def static_cases():
+    t, p = R.STATIC_MIN_TOTAL, R.STATIC_MIN_PERCENT
+    cases = [pytest.param({PICK: t}, True, id=f"total-{t}"), pytest.param({PICK: t - 1}, False, id=f"total-{t - 1}")]
+    for q, drafts in ((p, True), (p - 1, False)):
+        top, total = exactly_at(q, t)
+        cases.append(pytest.param(followers(top, total), drafts, id=f"{top}-of-{total}"))
+    return cases
+
+
+@pytest.mark.parametrize("counts, drafts", static_cases())
+def test_static_threshold_at_its_edges(counts, drafts):
+    """The static fallback: the most frequent follower of the last 2 tokens, under the lax
+    thresholds of length 2, with no context or dynamic draft."""
     static = []
-    for y in followers:
-        static += [4, 4, y, 9999]
+    for y, c in counts.items():
+        static += [4, 4, y, 9999] * c
     fast, ref = drafts_both([], [4, 4], static_tokens=static, n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+    assert ref == ([PICK] if drafts else [])
+    assert fast == ref
+
+
+@pytest.mark.parametrize("weighted_lower, expect", [(True, []), (False, [PICK])])
+def test_static_weight_at_a_tie(weighted_lower, expect):
+    """(10, 11) was followed 100 times by a and once by b, and b follows (10, 11) once in the static
+    cache: b scores 1 x STATIC_WEIGHT x 1 = 100, a tie with a's 100 x 1, which goes to the lower id.
+    b lower: b is the pick and its 1% fails, and nothing is drafted (a weight of 99 would draft a);
+    a lower: a is drafted (a weight of 101 would make b the pick and draft nothing)."""
+    b, a = (PICK - 1, PICK) if weighted_lower else (PICK + 1, PICK)
+    assert R.STATIC_WEIGHT == 100  # llama.cpp's
+    seen = occurrences([10, 11], {a: R.STATIC_WEIGHT, b: 1})
+    fast, ref = drafts_both(seen, [SEP, 10, 11], static_tokens=[10, 11, b], n_draft=1)
+    assert ref == expect
+    assert fast == ref
 
 
 def test_static_weight_picks_and_the_raw_count_still_decides():

@@ -1,11 +1,26 @@
 """Plain-Python statement of llama.cpp's drafting rule and of its replay (llama-lookup-stats).
 
 Dicts of n-gram tuples to {follower: count}, read straight from the rule as docs/inference.md
-states it; hints/draft/llama.py is the fast form and tests require the two to agree exactly.
+states it; hints/draft/llama.py is the fast form and tests require the two to agree exactly. The
+rule's numbers are stated here, from llama.cpp itself, not taken from the code under test.
 """
-from .caches import NGRAM_MAX, NGRAM_MIN, NGRAM_STATIC
-from .llama import (CONTEXT_MIN_PERCENT, CONTEXT_MIN_TOTAL, DYNAMIC_MIN_PERCENT, DYNAMIC_MIN_TOTAL, STATIC_MIN_PERCENT,
-                    STATIC_MIN_TOTAL, STATIC_WEIGHT)
+# llama.cpp (ggml-org/llama.cpp), common/ngram-cache.h: LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX, LLAMA_NGRAM_STATIC.
+NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2
+# llama.cpp, common/ngram-cache.cpp, by n-gram length: the context cache is tried with the "lax"
+# thresholds (draft_min_sample_size_lax, draft_min_percent_lax), the dynamic cache with the
+# "strict" ones (draft_min_sample_size_strict, draft_min_percent_strict). A length's pick is taken
+# when its n-gram's follower total is at least the minimum and 100 x the pick's count is at least
+# the percent x the total.
+CONTEXT_MIN_TOTAL = {1: 2, 2: 2, 3: 1, 4: 1}
+CONTEXT_MIN_PERCENT = {1: 66, 2: 50, 3: 50, 4: 50}
+DYNAMIC_MIN_TOTAL = {1: 4, 2: 3, 3: 2, 4: 2}
+DYNAMIC_MIN_PERCENT = {1: 75, 2: 66, 3: 66, 4: 66}
+# ngram-cache.cpp's static try_draft: the lax entry of length LLAMA_NGRAM_STATIC (2), on the most
+# frequent follower of the last 2 tokens.
+STATIC_MIN_TOTAL, STATIC_MIN_PERCENT = CONTEXT_MIN_TOTAL[NGRAM_STATIC], CONTEXT_MIN_PERCENT[NGRAM_STATIC]
+# ngram-cache.cpp's primary try_draft: a follower's score is its count times 100 x its count after
+# the last 2 tokens in the static cache, or times 1 when it is not there.
+STATIC_WEIGHT = 100
 
 
 def count_ngrams(cache, seq, lengths, first=0):
@@ -33,7 +48,7 @@ def pick_primary(cache, seq, static_part, min_total, min_percent):
         total = sum(followers.values())
         scores = {y: c * (STATIC_WEIGHT * static_part[y] if y in static_part else 1) for y, c in followers.items()}
         pick = min(scores, key=lambda y: (-scores[y], y))
-        if total >= min_total[L - 1] and 100 * followers[pick] >= min_percent[L - 1] * total:
+        if total >= min_total[L] and 100 * followers[pick] >= min_percent[L] * total:
             return pick
     return None
 
