@@ -20,13 +20,11 @@ import numpy as np
 from ..numba_ops import fmix64, prefetch2, prefetch3, unmanaged
 from ..parallel import line_aligned
 from ..tokens import TOKEN_BITS
-from .geometry import CHECKSUM_TOTAL_BITS, MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE
+from .geometry import MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE
 from .hashing import HASH_BLOCK, bucket_pair, hash_block, init_states, roll, slot_key
 
 U64 = np.uint64
 TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
-NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can equal
-UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 N_TOKENS = 1 << TOKEN_BITS              # follower counters are indexed by token id
 PREFETCH_GROUP = 32                     # positions a sealed lookup takes through each phase together (misses in flight)
 SMALL_ROWS = 13                         # rows of a worker's small scratch arrays (per length or per group)
@@ -55,20 +53,6 @@ FROZEN_RUN_SLOTS = 1 << 19
 
 
 # ---- shared pieces --------------------------------------------------------------------------
-
-@numba.njit(cache=True, inline="always")
-def query_keys(key, j, lengths, sh, qk):
-    """qk[k] = the nested key of length k at stream position j (NO_KEY where j < L_k, and for
-    lanes past the geometry's lengths). Returns the number of lengths present."""
-    valid = 0
-    for k in range(MAX_LENGTHS):
-        qk[k] = NO_KEY
-    for k in range(lengths.shape[0]):
-        if j >= lengths[k]:
-            qk[k] = key >> sh[k]
-            valid += 1
-    return valid
-
 
 @numba.njit(cache=True, inline="always")
 def answer(tok, top):

@@ -22,12 +22,14 @@ import numba
 import numpy as np
 
 from ..numba_ops import fmix64, prefetch3, unmanaged
-from .geometry import CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, SLOTS_PER_LINE
+from .geometry import CHECKSUM_BITS, CHECKSUM_TOTAL_BITS, MAX_LENGTHS, SLOTS_PER_LINE
 from .hashing import bucket_pair
-from .lookup import (GROUP_BLOCK, PREFETCH_GROUP, TOKEN_MASK, UNUSED_SHIFT, answer, answer_parts, clear_outputs,
-                     count_range, entry_partition, query_keys, sort_block, top_of_run, top_of_sorted)
+from .lookup import (GROUP_BLOCK, PREFETCH_GROUP, TOKEN_MASK, answer, answer_parts, clear_outputs, count_range,
+                     entry_partition, sort_block, top_of_run, top_of_sorted)
 
 U64 = np.uint64
+NO_KEY = U64(1 << CHECKSUM_TOTAL_BITS)  # a query key no slot key (< 2^48) can equal
+UNUSED_SHIFT = 63                       # shift of lengths a geometry lacks: slot >> 63 is 0 or 1, never NO_KEY
 
 # Sealed index: n-grams with at least this many slots get a side-table entry. At 16 a
 # counted run is at most two cache lines of slots; the side table holds at most
@@ -67,6 +69,22 @@ def filter_word_bit(c0, slots):
     which follows the row's fences (slots // SLOTS_PER_LINE of them)."""
     h = np.int64((c0 * FILTER_MULT) >> U64(64 - FILTER_LOG_BITS))
     return 1 + slots // SLOTS_PER_LINE + (h >> 4), U64(h & 15)
+
+
+# ---- the query's keys ------------------------------------------------------------------------
+
+@numba.njit(cache=True, inline="always")
+def query_keys(key, j, lengths, sh, qk):
+    """qk[k] = the nested key of length k at stream position j (NO_KEY where j < L_k, and for
+    lanes past the geometry's lengths). Returns the number of lengths present."""
+    valid = 0
+    for k in range(MAX_LENGTHS):
+        qk[k] = NO_KEY
+    for k in range(lengths.shape[0]):
+        if j >= lengths[k]:
+            qk[k] = key >> sh[k]
+            valid += 1
+    return valid
 
 
 # ---- sealing ----------------------------------------------------------------------------------
