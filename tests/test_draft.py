@@ -3,6 +3,7 @@
 sequences, every threshold at its exact edge, the static weight); the static cache's file
 round trip; `python -m hints draft-stats`; the hints policy's index picks equal the index's
 own lookups."""
+import itertools
 import json
 import math
 import os
@@ -99,8 +100,9 @@ def test_short_sequences():
     assert fast == ref and fast[:2] == [3, 4]
 
 
-PICK = 100  # the follower a threshold case is about; the others have higher ids and at most its count
-SEP = 1000   # fresh tokens before each occurrence (SEP + i) and before the query: no longer n-gram matches
+PICK = 100   # the follower a threshold case is about; the others have higher ids and at most its count
+OTHER = 99   # what the n-gram one shorter is followed by elsewhere: a draft that fell through to it
+SEP = 1000   # before the query; the occurrences are each after a fresh token above it: no longer match
 
 
 def followers(top, total):
@@ -142,26 +144,30 @@ def edge_cases():
     return cases
 
 
-def occurrences(gram, counts):
+def occurrences(gram, counts, fresh):
     """A stream in which the n-gram `gram` occurs once per count of counts {follower: count}, each
-    time after a fresh token and followed by that follower."""
+    time after a fresh token (next(fresh)) and followed by that follower."""
     out = []
     for y, c in counts.items():
         for _ in range(c):
-            out += [SEP + 1 + len(out), *gram, y]
+            out += [next(fresh), *gram, y]
     return out
 
 
 @pytest.mark.parametrize("cache, length, counts, drafts", edge_cases())
 def test_each_threshold_at_its_edge(cache, length, counts, drafts):
     """The n-gram of `length` that ends the sequence has these followers, in the context cache (the
-    sequence itself) or in the dynamic one (an earlier sequence); no longer n-gram matches, and a
-    shorter one has the same followers, whose thresholds are no lower (llama.cpp's are monotone),
-    so the pick at `length` is drafted, or nothing is."""
-    gram = list(range(10, 10 + length))
-    seen, query = occurrences(gram, counts), [SEP, *gram]
+    sequence itself) or in the dynamic one (an earlier sequence), and no longer n-gram matches. Its
+    suffix one shorter occurs elsewhere too, followed by OTHER often enough to be drafted: so the
+    pick is drafted at `length`, or the draft falls through to OTHER (nothing at length 1), and a
+    threshold moved either way drafts the other one."""
+    gram, fresh = list(range(10, 10 + length)), itertools.count(SEP + 1)
+    seen = occurrences(gram, counts, fresh)
+    if length > 1:
+        seen += occurrences(gram[1:], {OTHER: 4 * sum(counts.values()) + 4}, fresh)  # > 80%: passes any threshold
+    query = [SEP, *gram]
     fast, ref = drafts_both([], seen + query, n_draft=1) if cache == "context" else drafts_both(seen, query, n_draft=1)
-    assert ref == ([PICK] if drafts else []), "the plain statement of llama.cpp's rule"
+    assert ref == ([PICK] if drafts else [OTHER] if length > 1 else []), "the plain statement of llama.cpp's rule"
     assert fast == ref
 
 
@@ -194,7 +200,7 @@ def test_static_weight_at_a_tie(weighted_lower, expect):
     a lower: a is drafted (a weight of 101 would make b the pick and draft nothing)."""
     b, a = (PICK - 1, PICK) if weighted_lower else (PICK + 1, PICK)
     assert R.STATIC_WEIGHT == 100  # llama.cpp's
-    seen = occurrences([10, 11], {a: R.STATIC_WEIGHT, b: 1})
+    seen = occurrences([10, 11], {a: R.STATIC_WEIGHT, b: 1}, itertools.count(SEP + 1))
     fast, ref = drafts_both(seen, [SEP, 10, 11], static_tokens=[10, 11, b], n_draft=1)
     assert ref == expect
     assert fast == ref
