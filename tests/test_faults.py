@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from data.shards import write_shard
-from hints import Geometry, HintIndex, store
+from hints import Geometry, HintIndex
+from hints.index import store
 from hints.index.background import BackgroundBuilder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,8 @@ def python(code, *args, check=False, **kw):
 FUZZ = r"""
 import shutil, sys
 import numpy as np
-from hints import HintIndex, store
+from hints import HintIndex
+from hints.index import store
 src, work = sys.argv[1], sys.argv[2]
 idx = HintIndex.load(src, mmap=False)
 g = idx.geom
@@ -98,7 +100,8 @@ def test_fuzzed_index_never_ends_the_process_by_a_signal(tmp_path):
 FUZZ_SEALED = r"""
 import shutil, sys
 import numpy as np
-from hints import HintIndex, store
+from hints import HintIndex
+from hints.index import store
 src, work = sys.argv[1], sys.argv[2]
 idx = HintIndex.load(src, mmap=True)
 lay = store.layout(idx.geom, idx.side_capacity)

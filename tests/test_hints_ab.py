@@ -52,6 +52,23 @@ def test_copies_of_a_revision_hold_its_hints_package(tmp_path):
         hints_ab.materialize("no-such-revision", 2, root=tmp_path)
 
 
+@pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
+def test_target_ab_finds_the_ceiling_kernel_before_and_after_the_wings(tmp_path, monkeypatch):
+    """scripts/target_ab.py times hash_rounds of the checkout and of an --against revision: in
+    hints.bench.limits now, in the flat hints/bench.py of the revisions before hints/ had wings."""
+    monkeypatch.setitem(sys.modules, "hints_ab", hints_ab)  # target_ab imports it from beside itself
+    spec = importlib.util.spec_from_file_location("target_ab", REPO / "scripts" / "target_ab.py")
+    target_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target_ab)
+    assert target_ab.limits_module(hints).__name__ == "hints.bench.limits"
+    flat = git("log", "-1", "--format=%H", "--", "hints/bench.py").decode().strip() + "~1"  # bench.py's last
+    folder, names = hints_ab.materialize(flat, 1, root=tmp_path)
+    old = target_ab.limits_module(hints_ab.import_copy(folder, names[0]))
+    assert old.__name__ == f"{names[0]}.bench" and Path(old.__file__) == folder / names[0] / "bench.py"
+    for bench in (target_ab.limits_module(hints), old):
+        assert callable(bench.hash_rounds) and bench.HASH_BLOCK == 256
+
+
 def test_paired_ratios():
     p = hints_ab.paired([2.0, 4.0, 9.0], [1.0, 2.0, 3.0])
     assert p["n"] == 3 and p["median"] == 2.0 and p["q1"] == 2.0 and p["q3"] == 2.5
