@@ -9,7 +9,7 @@ training stream, built by local rank 0 in phases and mapped by the other ranks
 (train/positional_hints.py); with "lengths" (every preset's) every rank grows a small index with
 each step's global batch after looking up that step's hints. Validation reports loss with and
 without hints, with hints from the large index a separate process builds from training shards
-while the GPUs train, from the clock's start (hints/background.py, docs/record.md), else
+while the GPUs train, from the clock's start (hints/index/background.py, docs/record.md), else
 --val-index, else the training index (train/evaluate.py). The record preset validates once, at the
 end, waiting for that index.
 docs/design.md explains the whole; --help lists every flag.
@@ -29,7 +29,7 @@ import torch
 from data.loader import SPEEDRUN_VAL_TOKENS
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
-from hints.geometry import DEFAULT_LENGTHS, parse_lengths
+from hints.index import DEFAULT_LENGTHS, parse_lengths
 from model import HINT_REPRS, RECORD_BACKBONE
 from model.gpt import ATTN_BLOCK_SIZE
 from train import checkpoint

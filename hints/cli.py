@@ -11,10 +11,11 @@ from tqdm import tqdm
 from data.loader import SPEEDRUN_VAL_TOKENS
 from data.units import parse_token_count
 
+from .bench import (format_exact_table, format_stats, format_table, hint_stats, ladder_sizes, run_bench, run_exact_bench,
+                    run_positional_bench, run_scaling)
 from .cells import BOS
-from .geometry import DEFAULT_LENGTHS, PRESETS, Geometry, parse_lengths
-from .index import HintIndex
-from .stats import format_stats, hint_stats
+from .draft import add_draft_stats_args, run_draft_stats
+from .index import DEFAULT_LENGTHS, PRESETS, Geometry, HintIndex, cpu_model, parse_lengths, save_rate
 from .tokens import count_tokens, iter_chunks, read_all
 
 
@@ -117,7 +118,6 @@ def print_and_save(table, res, json_path):
 
 
 def cmd_bench(args):
-    from .bench import format_table, run_bench
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: expected at least 1")
     train, query, shards, source = bench_tokens(args)
@@ -134,8 +134,7 @@ def cmd_bench(args):
                     shards=shards, record_step=args.record_step, previous=previous)
     res["corpus"] = source
     print_and_save(format_table(res), res, args.json)
-    if args.save_rate:  # the per-core rate the record's plan counts on for this CPU class (hints/rates.py)
-        from .rates import cpu_model, save_rate
+    if args.save_rate:  # the per-core rate the record's plan counts on for this CPU class (hints/index/rates.py)
         p = res["projection"]
         entry = save_rate(cpu_model(), p["rate_per_thread"],
                           f"python -m hints bench on {time.strftime('%Y-%m-%d')} ({source}; median of {args.repeats} "
@@ -144,7 +143,6 @@ def cmd_bench(args):
 
 
 def cmd_positional_bench(args):
-    from .positional_bench import run_positional_bench
     args.query, args.query_tokens = None, 1
     train, _, _, source = bench_tokens(args)
     print(f"corpus: {source}")
@@ -157,14 +155,12 @@ def cmd_positional_bench(args):
 
 
 def cmd_exact_bench(args):
-    from .exact_bench import format_exact_table, run_exact_bench
     train, query, _, _ = bench_tokens(args)
     res = run_exact_bench(train, query, args.lengths, workers=args.workers, repeats=args.repeats)
     print_and_save(format_exact_table(res), res, args.json)
 
 
 def cmd_scaling(args):
-    from .scaling import ladder_sizes, run_scaling
     max_tokens = parse_token_count(args.max_tokens) if args.max_tokens else count_tokens(args.train)
     sizes = ladder_sizes(max_tokens, parse_token_count(args.min_tokens))
     val = read_all(args.val, args.val_tokens)
@@ -178,7 +174,6 @@ BOUNDARIES_HELP = ("document boundaries: 'bos' (default) restarts n-grams at eve
 
 
 def cmd_draft_stats(args):
-    from .draft_stats import run_draft_stats
     run_draft_stats(args)
 
 
@@ -237,7 +232,7 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS, help="n-gram lengths, increasing")
     p.add_argument("--json", default=None)
     p.add_argument("--save-rate", action="store_true", help="record the measured per-core build rate for this CPU "
-                   "model in hints/build_rates.json, where the record's plan (train/plan.py) looks it up")
+                   "model in hints/index/build_rates.json, where the record's plan (train/plan.py) looks it up")
     p.add_argument("--compare", default=None, help="an earlier run's --json: check that every figure's share of its "
                    "host row agrees within 15%% (the reproducibility criterion)")
     p.set_defaults(fn=cmd_bench)
@@ -280,7 +275,6 @@ def main(argv=None):
     p.add_argument("--boundaries", choices=("bos", "none"), default="bos", help=BOUNDARIES_HELP)
     p.set_defaults(fn=cmd_scaling)
 
-    from .draft_stats import add_draft_stats_args
     p = sub.add_parser("draft-stats", help="replay a text as llama-lookup-stats does: n-gram drafting's acceptance, "
                        "drafting time per drafted token, the caches' build/load time and memory")
     add_draft_stats_args(p)

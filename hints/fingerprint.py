@@ -1,5 +1,5 @@
 """The 64-bit n-gram fingerprint the exact counters compare n-grams by (hints.exact's torch
-backend, hints.exact_triton's kernels), defined once here.
+backend and Triton kernels) and the positional index's rows are keyed by, defined once here.
 
 An n-gram of length L ending at position t is compared by a 64-bit fingerprint
 
@@ -20,7 +20,7 @@ collisions on standard-library text.
 """
 import numpy as np
 
-from .index import as_tokens
+from .tokens import as_tokens
 
 M64 = (1 << 64) - 1
 FINGERPRINT_SEED = 0x6E6772616D73  # seed of the multipliers A[i] ("ngrams" in ASCII)

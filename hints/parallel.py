@@ -1,5 +1,6 @@
 """Workers: contiguous ranges of work run on threads that call GIL-free (nogil) Numba kernels,
-and the per-worker memory they write (arrays on cache lines of their own).
+and the memory they write: per-worker arrays on cache lines of their own, and tables on fresh
+anonymous memory with huge pages asked for.
 
 One mechanism serves every parallel step of the index (pre-faulting, sealing and checksums over
 partition or word ranges, lookup over position ranges; the two build stages run one worker
@@ -8,6 +9,7 @@ are contiguous and handed out in order, and the claimed work writes places of it
 results never depend on thread timing.
 """
 import concurrent.futures
+import mmap
 import threading
 
 import numpy as np
@@ -53,3 +55,13 @@ def line_aligned(shape, dtype):
     raw = np.zeros(nbytes + 128, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
     return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def alloc(shape, dtype):
+    """An uninitialised array on fresh anonymous memory, with transparent huge pages asked for
+    (fewer TLB misses on the random bucket accesses of stage 2 and lookup)."""
+    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape))).reshape(shape)

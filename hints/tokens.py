@@ -1,4 +1,5 @@
-"""Token sources for the hint CLI and builders: `.bin` shards (llm.c format; a glob, path or
+"""Tokens: the ids every index takes (`as_tokens`, uint16: GPT-2's 50,257 ids fit in TOKEN_BITS),
+and the token sources of the hint CLI and builders: `.bin` shards (llm.c format; a glob, path or
 list of paths) or `.npy` arrays (a path or glob ending in .npy)."""
 import glob
 import os
@@ -7,6 +8,25 @@ import numpy as np
 
 from data.loader import CHUNK_TOKENS, iter_tokens, resolve_files
 from data.shards import shard_token_count
+
+TOKEN_BITS = 16           # GPT-2 ids < 50,257 < 2^16
+MAX_TOKEN = (1 << TOKEN_BITS) - 1
+
+
+def as_tokens(tokens, name="tokens"):
+    """A 1-D uint16 view/copy of `tokens`, or a ValueError saying what was wrong."""
+    a = np.asarray(tokens)
+    if a.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of token ids, got shape {a.shape}")
+    if a.size == 0:
+        return np.zeros(0, dtype=np.uint16)  # np.asarray([]) is float64; an empty input is still fine
+    if a.dtype == np.uint16:
+        return np.ascontiguousarray(a)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integer token ids (uint16), got dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() > MAX_TOKEN):
+        raise ValueError(f"{name}: token ids must be in [0, {MAX_TOKEN}], found range [{a.min()}, {a.max()}]")
+    return a.astype(np.uint16)
 
 
 def _is_npy(pattern):

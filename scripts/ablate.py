@@ -1,7 +1,7 @@
 """Hint-corpus ablation: one trained checkpoint, validation loss against hint indexes of
 growing size (a doubling ladder, e.g. 75M ... 37B training tokens), plus the no-hint row.
 
-One incremental pass over the training shards (hints.scaling.run_ladder) grows a single
+One incremental pass over the training shards (hints.bench.scaling.run_ladder) grows a single
 index; at every ladder size the checkpoint is evaluated with hints from it. Writes
 ablation.md (table), ablation.csv, ablation.json and ablation.png (loss vs hint tokens,
 log x-axis) to --out, and prints the table.
@@ -16,9 +16,7 @@ import torch
 
 from data.units import human_tokens, parse_token_count
 from hints import Geometry
-from hints.report import markdown_table, write_report
-from hints.scaling import RECORD_LADDER_START, ladder_sizes, run_ladder
-from hints.stats import hint_stats
+from hints.bench import RECORD_LADDER_START, hint_stats, ladder_sizes, markdown_table, run_ladder, write_report
 from hints.tokens import count_tokens
 from model import GPT, GPTConfig
 from train.checkpoint import load_set

@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from data.loader import DistributedDataLoader, read_tokens
 from hints import n_kinds
-from hints.geometry import DEFAULT_LENGTHS
+from hints.index import DEFAULT_LENGTHS
 from model import GPT, GPTConfig, attention_window_blocks, build_optimizers, lr_multiplier, muon_momentum
 from model.muon import Muon
 

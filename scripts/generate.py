@@ -54,8 +54,7 @@ def parse_args(argv=None):
 
 
 def make_drafter(args, index):
-    from hints.draft import LlamaDrafter, load_static
-    from hints.hint_draft import HintDrafter
+    from hints.draft import HintDrafter, LlamaDrafter, load_static
     t0 = time.perf_counter()
     if args.draft == "llama":
         drafter = LlamaDrafter(load_static(args.static_cache)[0] if args.static_cache else None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exact validation hints on ONE H100/H200, offline, in at most 90 s (GPU_EXACT_BUDGET_S in
 # scripts/gpu_lib.sh; second of the first device run's three scripts, docs/gpu.md):
-#   1. warm-up (timed: the cold start): compiles the Triton kernels of hints/exact_kernels.py for
+#   1. warm-up (timed: the cold start): compiles the Triton kernels of hints/exact/triton_kernels.py for
 #      the specialisation the timed runs use: the full validation query (its CAP_BITS) and the
 #      bench's pair table (PAIR_BITS; the table starts at PAIR_SLOTS slots, so it need not grow);
 #   2. checks the Triton count against the torch twin on the GPU (100M training tokens);

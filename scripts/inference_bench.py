@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import gpt2
-from hints.draft import LlamaDrafter, load_static, static_nbytes
-from hints.hint_draft import HintDrafter
+from hints.draft import HintDrafter, LlamaDrafter, load_static, static_nbytes
 from hints.index import HintIndex
 from hints.tokens import read_all
 from train.inference import Generator, load_model, open_index, peak_rss_mib

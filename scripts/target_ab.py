@@ -19,7 +19,7 @@ a figure: so every variant sees the same moments of a shared machine. Each worke
 it built the same bytes and returned the same hints as the first (by checksum).
 
 Figures (--figures):
-  ceiling  stage 1's hashing in cache (hints.bench.hash_rounds, one thread): the compute ceiling
+  ceiling  stage 1's hashing in cache (hints.bench.limits.hash_rounds, one thread): the compute ceiling
   build    a build of --tokens tokens of the training stream, 1 worker: stage 1 and stage 2 apart
   lookup   a sealed lookup of the validation stream, 1 worker
 
@@ -41,7 +41,7 @@ from hints_ab import cache_dir, import_copy, materialize, paired, ratio_text  # 
 
 REPO = Path(__file__).resolve().parents[1]
 
-CEILING_TOKENS = 1 << 15  # as hints.bench's compute ceiling: L2-resident with its buffers
+CEILING_TOKENS = 1 << 15  # as hints.bench.limits' compute ceiling: L2-resident with its buffers
 CEILING_ROUNDS = 100      # ~3M positions a repeat, 10-30 ms
 
 
@@ -55,18 +55,28 @@ def load_package(code):
     return import_copy(folder, names[0])
 
 
+def limits_module(pkg):
+    """The module of a hints package that holds hash_rounds (and HASH_BLOCK): hints.bench.limits, or
+    hints.bench in revisions from before hints/ had sub-packages (an --against revision may be one)."""
+    import importlib
+    try:
+        return importlib.import_module(pkg.__name__ + ".bench.limits")
+    except ModuleNotFoundError:
+        return importlib.import_module(pkg.__name__ + ".bench")
+
+
 def worker(args):
     """Prepare every figure once (compiles, warms), then time one repeat per request on stdin."""
-    import importlib
+    import dataclasses
     pkg = load_package(args.code)
-    bench = importlib.import_module(pkg.__name__ + ".bench")
+    bench = limits_module(pkg)
     from hints.tokens import read_all
     from data.local_corpus import build_local_corpus
     corpus = build_local_corpus(progress=False)
     train = read_all(corpus["train_pattern"])[:args.tokens]
     query = read_all(corpus["val_pattern"])
     geom = pkg.Geometry.for_tokens(train.size)
-    ix = pkg.HintIndex(bench.dataclasses.replace(geom, partition_bits=0, bucket_bits=1, slots=8))
+    ix = pkg.HintIndex(dataclasses.replace(geom, partition_bits=0, bucket_bits=1, slots=8))
     s = np.resize(train, CEILING_TOKENS)
     bufs = (np.zeros(bench.HASH_BLOCK + max(geom.lengths) + 1, np.uint64), np.zeros(bench.HASH_BLOCK, np.uint64),
             np.zeros(bench.HASH_BLOCK, np.uint64))

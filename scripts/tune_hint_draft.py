@@ -6,15 +6,14 @@ most accepted drafts among those whose acceptance is at least llama.cpp's.
         --index runs/demo.idx --static-cache runs/demo.ngstatic --json runs/tune_hints.json
 
 The text should not be the one the figures are reported on (docs/inference.md uses validation
-tokens 0-100,000 to choose and 100,000-300,000 to report). hints/hint_draft.py's MIN_COUNT,
+tokens 0-100,000 to choose and 100,000-300,000 to report). hints/draft/from_hints.py's MIN_COUNT,
 MIN_PURITY and INDEX_FIRST hold the choice.
 """
 import argparse
 import json
 
 from data.units import parse_token_count
-from hints import draft
-from hints.hint_draft import replay_hints
+from hints.draft import load_static, replay, replay_hints
 from hints.index import HintIndex
 from hints.tokens import read_all
 
@@ -34,8 +33,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     text = read_all(args.tokens, args.max_tokens)
     idx = HintIndex.load(args.index, mmap=False)
-    st = draft.load_static(args.static_cache)[0] if args.static_cache else None
-    ref = draft.replay(text, args.n_ctx, args.n_draft, st)
+    st = load_static(args.static_cache)[0] if args.static_cache else None
+    ref = replay(text, args.n_ctx, args.n_draft, st)
     ref_pct = 100 * ref["n_accept"] / max(ref["n_drafted"], 1)
     print(f"llama.cpp's rule: {ref['n_accept']:,} of {ref['n_drafted']:,} accepted ({ref_pct:.2f}%)")
     rows = []

@@ -1,9 +1,11 @@
-"""llama.cpp's drafting rule: the Numba form (hints/draft.py) equals the plain-Python statement
-(hints/draft_reference.py) on standard-library text and on planted streams (ties, short
+"""llama.cpp's drafting rule: the Numba form (hints/draft/llama.py) equals the plain-Python statement
+(hints/draft/reference.py) on standard-library text and on planted streams (ties, short
 sequences, every threshold at its exact edge, the static weight); the static cache's file
 round trip; `python -m hints draft-stats`; the hints policy's index picks equal the index's
 own lookups."""
+import itertools
 import json
+import math
 import os
 
 import numpy as np
@@ -13,8 +15,9 @@ from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex
 from hints import draft as D
-from hints import draft_reference as R
-from hints import hint_draft as H
+from hints.draft import caches as C
+from hints.draft import from_hints as H
+from hints.draft import reference as R
 from hints.cli import main as hints_main
 
 
@@ -49,7 +52,7 @@ def test_replay_equals_reference_on_stdlib_text(text, static_text, n_ctx, n_draf
 
 def drafts_both(history, seq, static_tokens=None, n_draft=8):
     """(fast, reference) drafts after seq, with a dynamic cache of `history` and a static one."""
-    dyn = D.add_sequence(D.new_cache(), np.asarray(history, np.int64), len(history)) if len(history) else D.new_cache()
+    dyn = C.add_sequence(C.new_cache(), np.asarray(history, np.int64), len(history)) if len(history) else C.new_cache()
     st = D.build_static(np.asarray(static_tokens)) if static_tokens is not None else None
     fast = D.LlamaDrafter(static=st, dynamic=dyn).draft(np.asarray(seq, np.int64), n_draft).tolist()
     ref_dyn = {}
@@ -67,7 +70,7 @@ def test_every_prefix_of_planted_streams_drafts_as_the_reference():
         stream = np.concatenate([phrases[i] for i in rng.integers(0, 8, 60)])
         history = np.concatenate([phrases[i] for i in rng.integers(0, 8, 40)])
         static = np.concatenate([phrases[i] for i in rng.integers(0, 8, 80)])
-        dyn = D.add_sequence(D.new_cache(), history.astype(np.int64), history.size)
+        dyn = C.add_sequence(C.new_cache(), history.astype(np.int64), history.size)
         drafter = D.LlamaDrafter(static=D.build_static(static) if trial % 2 else None, dynamic=dyn)
         ref_dyn = {}
         R.count_ngrams(ref_dyn, history.tolist(), range(1, 5))
@@ -97,46 +100,110 @@ def test_short_sequences():
     assert fast == ref and fast[:2] == [3, 4]
 
 
-def planted(counts, lead=1000):
-    """A history where token 1 (each time after a fresh token) was followed by counts {y: c}."""
-    out, i = [], 0
-    for y, c in counts.items():
-        for _ in range(c):
-            out += [lead + i, 1, y]
-            i += 1
+PICK = 100   # the follower a threshold case is about; the others have higher ids and at most its count
+OTHER = 99   # what the n-gram one shorter is followed by elsewhere: a draft that fell through to it
+SEP = 1000   # before the query; the occurrences are each after a fresh token above it: no longer match
+
+
+def followers(top, total):
+    """{PICK: top} and other followers (PICK + 1, ...) of at most `top` each, `total` in all: PICK is
+    the pick (the most frequent, ties to the lowest id)."""
+    out, rest, y = {PICK: top}, total - top, PICK + 1
+    while rest > 0:
+        out[y] = min(top, rest)
+        rest -= out[y]
+        y += 1
     return out
 
 
-@pytest.mark.parametrize("counts, expect", [
-    ({4: 33, 8: 17}, 4),      # 3300 >= 66 * 50: exactly at the context's 66% at length 1
-    ({4: 32, 8: 18}, None),   # 3200 < 3300
-    ({4: 2}, 4),              # total 2: the context's minimum at length 1
-    ({4: 1}, None),           # total 1 < 2
-])
-def test_context_thresholds_at_their_edges(counts, expect):
-    seq = planted(counts) + [5000, 1]
-    fast, ref = drafts_both([], seq, n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+def exactly_at(percent, min_total):
+    """(top, total) with 100 x top == percent x total exactly, total >= min_total."""
+    g = math.gcd(100, percent)
+    k = -(-min_total // (100 // g))
+    return percent // g * k, 100 // g * k
 
 
-@pytest.mark.parametrize("counts, expect", [
-    ({4: 3, 8: 1}, 4),        # total 4 (the dynamic minimum at length 1), 300 >= 75 * 4
-    ({4: 3}, None),           # total 3 < 4
-    ({4: 5, 8: 2}, None),     # 500 < 75 * 7 = 525
-    ({4: 6, 8: 2}, 4),        # 600 >= 600
-])
-def test_dynamic_thresholds_at_their_edges(counts, expect):
-    fast, ref = drafts_both(planted(counts), [5000, 1], n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+def edge_cases():
+    """For each cache (context: lax, dynamic: strict), n-gram length and threshold, as llama.cpp sets
+    them (hints/draft/reference.py): a count exactly at it (drafts) and one just below it (does not):
+    a total of min and min - 1 (where min - 1 >= 1: no n-gram has a total of 0), a pick at exactly
+    percent and at exactly percent - 1 of its total. A threshold one higher fails the first, one
+    lower the second."""
+    cases = []
+    for cache, min_total, min_percent in (("context", R.CONTEXT_MIN_TOTAL, R.CONTEXT_MIN_PERCENT),
+                                          ("dynamic", R.DYNAMIC_MIN_TOTAL, R.DYNAMIC_MIN_PERCENT)):
+        for length in range(R.NGRAM_MIN, R.NGRAM_MAX + 1):
+            t, p = min_total[length], min_percent[length]
+            cases.append(pytest.param(cache, length, {PICK: t}, True, id=f"{cache}-{length}-total-{t}"))
+            if t > 1:
+                cases.append(pytest.param(cache, length, {PICK: t - 1}, False, id=f"{cache}-{length}-total-{t - 1}"))
+            for q, drafts in ((p, True), (p - 1, False)):
+                top, total = exactly_at(q, t)
+                cases.append(pytest.param(cache, length, followers(top, total), drafts,
+                                          id=f"{cache}-{length}-{top}-of-{total}"))
+    return cases
 
 
-@pytest.mark.parametrize("followers, expect", [([6, 5], 5), ([6], None), ([6, 6, 5, 7], 6), ([6, 5, 7], None)])
-def test_static_fallback_at_its_edges(followers, expect):
+def occurrences(gram, counts, fresh):
+    """A stream in which the n-gram `gram` occurs once per count of counts {follower: count}, each
+    time after a fresh token (next(fresh)) and followed by that follower."""
+    out = []
+    for y, c in counts.items():
+        for _ in range(c):
+            out += [next(fresh), *gram, y]
+    return out
+
+
+@pytest.mark.parametrize("cache, length, counts, drafts", edge_cases())
+def test_each_threshold_at_its_edge(cache, length, counts, drafts):
+    """The n-gram of `length` that ends the sequence has these followers, in the context cache (the
+    sequence itself) or in the dynamic one (an earlier sequence), and no longer n-gram matches. Its
+    suffix one shorter occurs elsewhere too, followed by OTHER often enough to be drafted: so the
+    pick is drafted at `length`, or the draft falls through to OTHER (nothing at length 1), and a
+    threshold moved either way drafts the other one."""
+    gram, fresh = list(range(10, 10 + length)), itertools.count(SEP + 1)
+    seen = occurrences(gram, counts, fresh)
+    if length > 1:
+        seen += occurrences(gram[1:], {OTHER: 4 * sum(counts.values()) + 4}, fresh)  # > 80%: passes any threshold
+    query = [SEP, *gram]
+    fast, ref = drafts_both([], seen + query, n_draft=1) if cache == "context" else drafts_both(seen, query, n_draft=1)
+    assert ref == ([PICK] if drafts else [OTHER] if length > 1 else []), "the plain statement of llama.cpp's rule"
+    assert fast == ref
+
+
+def static_cases():
+    t, p = R.STATIC_MIN_TOTAL, R.STATIC_MIN_PERCENT
+    cases = [pytest.param({PICK: t}, True, id=f"total-{t}"), pytest.param({PICK: t - 1}, False, id=f"total-{t - 1}")]
+    for q, drafts in ((p, True), (p - 1, False)):
+        top, total = exactly_at(q, t)
+        cases.append(pytest.param(followers(top, total), drafts, id=f"{top}-of-{total}"))
+    return cases
+
+
+@pytest.mark.parametrize("counts, drafts", static_cases())
+def test_static_threshold_at_its_edges(counts, drafts):
+    """The static fallback: the most frequent follower of the last 2 tokens, under the lax
+    thresholds of length 2, with no context or dynamic draft."""
     static = []
-    for y in followers:
-        static += [4, 4, y, 9999]
+    for y, c in counts.items():
+        static += [4, 4, y, 9999] * c
     fast, ref = drafts_both([], [4, 4], static_tokens=static, n_draft=1)
-    assert fast == ref == ([expect] if expect is not None else [])
+    assert ref == ([PICK] if drafts else [])
+    assert fast == ref
+
+
+@pytest.mark.parametrize("weighted_lower, expect", [(True, []), (False, [PICK])])
+def test_static_weight_at_a_tie(weighted_lower, expect):
+    """(10, 11) was followed 100 times by a and once by b, and b follows (10, 11) once in the static
+    cache: b scores 1 x STATIC_WEIGHT x 1 = 100, a tie with a's 100 x 1, which goes to the lower id.
+    b lower: b is the pick and its 1% fails, and nothing is drafted (a weight of 99 would draft a);
+    a lower: a is drafted (a weight of 101 would make b the pick and draft nothing)."""
+    b, a = (PICK - 1, PICK) if weighted_lower else (PICK + 1, PICK)
+    assert R.STATIC_WEIGHT == 100  # llama.cpp's
+    seen = occurrences([10, 11], {a: R.STATIC_WEIGHT, b: 1}, itertools.count(SEP + 1))
+    fast, ref = drafts_both(seen, [SEP, 10, 11], static_tokens=[10, 11, b], n_draft=1)
+    assert ref == expect
+    assert fast == ref
 
 
 def test_static_weight_picks_and_the_raw_count_still_decides():

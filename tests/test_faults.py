@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from data.shards import write_shard
-from hints import Geometry, HintIndex, store
-from hints.background import BackgroundBuilder
+from hints import Geometry, HintIndex
+from hints.index import store
+from hints.index.background import BackgroundBuilder
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -43,7 +44,8 @@ def python(code, *args, check=False, **kw):
 FUZZ = r"""
 import shutil, sys
 import numpy as np
-from hints import HintIndex, store
+from hints import HintIndex
+from hints.index import store
 src, work = sys.argv[1], sys.argv[2]
 idx = HintIndex.load(src, mmap=False)
 g = idx.geom
@@ -98,7 +100,8 @@ def test_fuzzed_index_never_ends_the_process_by_a_signal(tmp_path):
 FUZZ_SEALED = r"""
 import shutil, sys
 import numpy as np
-from hints import HintIndex, store
+from hints import HintIndex
+from hints.index import store
 src, work = sys.argv[1], sys.argv[2]
 idx = HintIndex.load(src, mmap=True)
 lay = store.layout(idx.geom, idx.side_capacity)
@@ -156,7 +159,7 @@ def test_fill_count_beyond_slots_is_refused_naming_the_file(tmp_path):
 TRAINER = r"""
 import os, signal, sys, time
 from hints import Geometry
-from hints.background import BackgroundBuilder
+from hints.index.background import BackgroundBuilder
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it even when the suite runs under nohup (SIGHUP ignored)
 files, tokens, name, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "pause"
 # as train_gpt.Background.start (a small geometry): local rank 0 builds, the other local ranks attach

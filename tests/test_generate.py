@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from hints import Geometry, HintIndex, n_kinds
-from hints.draft import LlamaDrafter
-from hints.hint_draft import HintDrafter
+from hints.draft import HintDrafter, LlamaDrafter
 from model.gpt import GPT, RECORD_BACKBONE, GPTConfig
 from model.kv_cache import KVCache, forward_cached
 from train.evaluate import val_hint_arrays

@@ -4,6 +4,7 @@ own package twice, so nothing is compiled again)."""
 import argparse
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,25 +28,45 @@ def git(*args):
 
 @pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
 def test_copies_of_a_revision_hold_its_hints_package(tmp_path):
-    # the revision before hints/index.py last changed: a copy of any other revision would differ
-    rev = git("log", "-1", "--format=%H", "--", "hints/index.py").decode().strip() + "~1"
-    assert git("show", f"{rev}:hints/index.py") != (REPO / "hints" / "index.py").read_bytes()
+    # the revision before hints/ last changed: a copy of the checkout's package would differ from it
+    rev = git("log", "-1", "--format=%H", "--", "hints/").decode().strip() + "~1"
+    assert git("rev-parse", f"{rev}:hints") != git("rev-parse", "HEAD:hints")
     folder, names = hints_ab.materialize(rev, 2, root=tmp_path)
     assert len(set(names)) == 2
-    files = git("ls-tree", "--name-only", rev, "hints/").decode().split()
-    assert "hints/index.py" in files
+    files = git("ls-tree", "-r", "--name-only", rev, "hints/").decode().split()  # sub-packages too
+    assert "hints/__init__.py" in files
     for name in names:
         for f in files:
-            assert (folder / name / Path(f).name).read_bytes() == git("show", f"{rev}:{f}"), (name, f)
+            assert (folder / name / Path(f).relative_to("hints")).read_bytes() == git("show", f"{rev}:{f}"), (name, f)
     copy = hints_ab.import_copy(folder, names[1])  # its own package, not the checkout's
-    assert copy.__name__ == names[1] and Path(copy.index.__file__).parent == folder / names[1]
+    assert copy.__name__ == names[1] and Path(copy.__file__).parent == folder / names[1]
     assert copy.HintIndex is not hints.HintIndex
-    stamp = (folder / names[0] / "index.py").stat().st_mtime_ns
+    assert Path(sys.modules[copy.HintIndex.__module__].__file__).is_relative_to(folder / names[1])
+    stamp = (folder / names[0] / "__init__.py").stat().st_mtime_ns
     assert hints_ab.materialize(rev, 2, root=tmp_path) == (folder, names)  # kept, not made again
-    assert (folder / names[0] / "index.py").stat().st_mtime_ns == stamp
-    assert sorted(p.name for p in (folder / names[0]).iterdir()) == sorted(Path(f).name for f in files)
+    assert (folder / names[0] / "__init__.py").stat().st_mtime_ns == stamp
+    held = sorted(str(p.relative_to(folder / names[0])) for p in (folder / names[0]).rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+    assert held == sorted(str(Path(f).relative_to("hints")) for f in files)
     with pytest.raises(SystemExit, match="no-such-revision"):
         hints_ab.materialize("no-such-revision", 2, root=tmp_path)
+
+
+@pytest.mark.skipif(not in_git_checkout(), reason="needs the repo's git history")
+def test_target_ab_finds_the_ceiling_kernel_before_and_after_the_wings(tmp_path, monkeypatch):
+    """scripts/target_ab.py times hash_rounds of the checkout and of an --against revision: in
+    hints.bench.limits now, in the flat hints/bench.py of the revisions before hints/ had wings."""
+    monkeypatch.setitem(sys.modules, "hints_ab", hints_ab)  # target_ab imports it from beside itself
+    spec = importlib.util.spec_from_file_location("target_ab", REPO / "scripts" / "target_ab.py")
+    target_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target_ab)
+    assert target_ab.limits_module(hints).__name__ == "hints.bench.limits"
+    flat = git("log", "-1", "--format=%H", "--", "hints/bench.py").decode().strip() + "~1"  # bench.py's last
+    folder, names = hints_ab.materialize(flat, 1, root=tmp_path)
+    old = target_ab.limits_module(hints_ab.import_copy(folder, names[0]))
+    assert old.__name__ == f"{names[0]}.bench" and Path(old.__file__) == folder / names[0] / "bench.py"
+    for bench in (target_ab.limits_module(hints), old):
+        assert callable(bench.hash_rounds) and bench.HASH_BLOCK == 256
 
 
 def test_paired_ratios():

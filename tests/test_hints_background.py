@@ -16,7 +16,7 @@ from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex
 from data.units import parse_token_count
-from hints.background import SHM_DIR, BackgroundBuilder
+from hints.index.background import SHM_DIR, BackgroundBuilder
 
 GEOM = Geometry(4, 8, 16)
 WAIT_S = 120  # generous: the child imports numba and loads cached kernels
@@ -129,7 +129,7 @@ def test_builder_exits_with_its_parent(shards, tmp_path, tokens):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time, os\n"
-        "from hints.background import BackgroundBuilder\n"
+        "from hints.index.background import BackgroundBuilder\n"
         "from hints import Geometry\n"
         f"b = BackgroundBuilder({files!r}, {tokens}, geometry=Geometry(4, 8, 16), workers=1, name={name!r}, log=lambda *a: None).start().go()\n"
         "t = time.time()\n"

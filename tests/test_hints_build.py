@@ -6,7 +6,7 @@ import pytest
 
 from hints import Geometry, HintIndex
 from hints.index import stage1_chunk
-from hints.reference import reference_slots
+from hints.index.reference import reference_slots
 from streams import phrase_stream
 
 
@@ -71,7 +71,7 @@ def test_slots_of_full_buckets_are_not_staged(tmp_path):
     """Stage 1 skips a slot whose two buckets were full when the add began (stage 2 would drop
     it): the bytes and the drop count stay the reference's, also when the full buckets come
     from a saved index, and the full-bucket bits stay those of the fill after every add."""
-    from hints.kernels import full_buckets
+    from hints.index.build import full_buckets
     geom = Geometry(2, 4, 8, (3, 5, 8))
     stream = phrase_stream(4, 30_000, 16, 200, 12)
     fill, table, dropped = reference_slots(geom, stream)

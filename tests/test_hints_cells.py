@@ -14,7 +14,7 @@ from hints.cells import BOS, Cells, mask_hints, reach
 from hints.kinds import (CELL_COUNT_EDGES, CELLS_PER_DEPTH, N_CELL_PURITY_BINS, cell_of, cell_one, cell_parts,
                          n_cells)
 from hints.positional import PositionalIndex, build_phases, load_covering, phase_ends
-from hints.reference import reference_cell, reference_cells
+from hints.index.reference import reference_cell, reference_cells
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 LENGTHS = (6, 10, 20)
@@ -342,7 +342,7 @@ def test_stats_apply_and_name_the_boundary_rule():
     """hint_stats restarts n-grams at BOS across its lookup chunks, counts the hints of a
     whole-stream lookup that the boundary rule keeps, and says which rule it used."""
     from hints import Geometry, HintIndex
-    from hints.stats import format_stats, hint_stats
+    from hints.bench import format_stats, hint_stats
     stream = planted(5, 12000, bos_every=60)
     idx = HintIndex(Geometry(6, 10, 64))
     idx.add(stream[:8000])

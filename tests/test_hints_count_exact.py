@@ -1,8 +1,8 @@
-"""Exact hints by counting (hints/exact.py): both backends equal the plain-Python reference
-(hints.reference.ReferenceIndex) field for field.
+"""Exact hints by counting (hints/exact/): both backends equal the plain-Python reference
+(hints.index.reference.ReferenceIndex) field for field.
 
 The "torch" backend runs as it would on a CPU machine. The "triton" backend runs its kernels
-in Triton's interpreter (TRITON_INTERPRET=1, which hints.exact_triton sets while it loads and
+in Triton's interpreter (TRITON_INTERPRET=1, which hints.exact.triton_count sets while it loads and
 runs them on a CPU device; the `interpreter` fixture below sets it for the whole test too), so
 the kernels' logic (hashing, probing, compare-and-swap inserts, atomic counts, table growth)
 is what is tested; a last test compiles them for Hopper (sm_90) without a GPU. Interpreted
@@ -18,7 +18,8 @@ import torch
 import triton  # noqa: F401  imported here, before any test sets TRITON_INTERPRET, as a user's program would
 
 from hints import ReferenceIndex, count_exact
-from hints.exact import TorchCounter, exact_val_hints
+from hints.exact import exact_val_hints
+from hints.exact.count import TorchCounter
 from hints.fingerprint import fingerprint, fingerprint_collisions, fingerprints_numpy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -195,7 +196,7 @@ def test_followers_overflow_one_chunk(backend, request):
     h = assert_equal_to_reference(query, [train], (2, 6, 10), backend=backend, chunk_tokens=chunk, **options)
     assert (h.token[1, 5], h.count[1, 5]) == (200, len(followers))
     if backend == "triton":  # the table grew with content in it, and the host synced only to check
-        from hints.exact_triton import TritonCounter
+        from hints.exact.triton_count import TritonCounter
         counter = TritonCounter(query, (2, 6, 10), torch.device("cpu"), pair_capacity=16)
         for a in range(0, train.size, chunk):
             counter.add(train[a:a + chunk])
@@ -285,7 +286,7 @@ def test_import_hints_stays_torch_free():
 def test_kernels_compile_for_hopper():
     """The compiled path, which the interpreter does not exercise: every kernel lowers to PTX and
     assembles for sm_90, with 64-bit compare-and-swap and logical (unsigned) shifts in the hash."""
-    from hints.exact_triton import compile_for_gpu
+    from hints.exact.triton_count import compile_for_gpu
     ptx = compile_for_gpu(arch=90)
     assert "atom.global.relaxed.gpu.cas.b64" in ptx["count_stream"] and "shr.u64" in ptx["count_stream"]
     assert "atom.global.relaxed.gpu.cas.b64" in ptx["insert_queries"]

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex
-from hints import store
-from hints.geometry import PRESETS, TARGET_LOAD
+from hints.index import PRESETS, TARGET_LOAD, store
 
 GEOM = Geometry(4, 8, 16, (6, 10, 20))
 FIELDS = ("token", "count", "purity", "kind")

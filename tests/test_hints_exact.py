@@ -1,11 +1,11 @@
 """Exactness of the hint index: lookups, of a growing index and of a sealed one, equal exact
-n-gram counting (hints.reference.ReferenceIndex) on real text (GPT-2 tokens of Python's stdlib source) and on random streams, and the table equals
-the plain-Python slot-level replay (hints.reference.reference_slots) byte for byte, drops included.
+n-gram counting (hints.index.reference.ReferenceIndex) on real text (GPT-2 tokens of Python's stdlib source) and on random streams, and the table equals
+the plain-Python slot-level replay (hints.index.reference.reference_slots) byte for byte, drops included.
 
 How exactness is made checkable. docs/design.md promises equality with exact counting "when nothing
 was dropped and no checksum collided". So every test here first checks that nothing was dropped,
 and then maps every n-gram to the key the index compares (per length index k: the partition and
-the nested key ``slot >> geom.key_shifts[k]``, computed independently by ``hints.reference.slot_of``):
+the nested key ``slot >> geom.key_shifts[k]``, computed independently by ``hints.index.reference.slot_of``):
 
 * the shortest length (k = 0) gets partition bits + 26..48 checksum bits, so a big enough geometry
   makes it collision-free: the tests assert that distinct n-grams never share a k = 0 key;
@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex, ReferenceIndex
-from hints.lookup import GROUP_BLOCK
+from hints.index.lookup import GROUP_BLOCK
 from hints.kinds import N_COUNT_BUCKETS, N_PURITY_BUCKETS, kind_parts
-from hints.reference import reference_kind, reference_slots, slot_of
+from hints.index.reference import reference_kind, reference_slots, slot_of
 
 STDLIB = os.path.dirname(os.__file__)
 

@@ -10,7 +10,7 @@ import pytest
 from hints import Geometry, HintIndex, ReferenceIndex, n_kinds
 from hints.kinds import (COUNT_BUCKET_EDGES, KINDS_PER_LENGTH, N_COUNT_BUCKETS,
                          N_PURITY_BUCKETS, PURITY_BUCKET_EDGES, kind_of, kind_parts)
-from hints.reference import reference_kind, reference_slots, slot_of
+from hints.index.reference import reference_kind, reference_slots, slot_of
 from streams import phrase_stream
 
 FIELDS = ("token", "count", "purity", "kind")

@@ -9,8 +9,8 @@ from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex, ReferenceIndex
 from hints.kinds import kind_parts
-from hints.scaling import ladder_sizes, run_ladder, scaling_rows, write_scaling
-from hints.stats import format_stats, hint_stats
+from hints.bench import format_stats, hint_stats, ladder_sizes, run_ladder
+from hints.bench.scaling import scaling_rows, write_scaling
 
 GEOM = Geometry(6, 10, 64)
 

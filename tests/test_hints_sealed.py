@@ -1,13 +1,14 @@
 """Sealed indexes and the growing index's scan: a sealed index (sorted buckets, bucket summaries,
 side table) returns exactly what the growing index returns, for any geometry, overflow or not,
 after save/load, and whatever the worker count; add() unseals; the scan follows adds.
-(Exactness against hints.reference.ReferenceIndex is checked in test_hints_exact.py, for both.)"""
+(Exactness against hints.index.reference.ReferenceIndex is checked in test_hints_exact.py, for both.)"""
 import numpy as np
 import pytest
 
-from hints import Geometry, HintIndex, lookup, store
-from hints.lookup import SIDE_MIN_COUNT, summary_words
-from hints.reference import slot_of
+from hints import Geometry, HintIndex
+from hints.index import lookup, sealed, store
+from hints.index.reference import slot_of
+from hints.index.sealed import SIDE_MIN_COUNT, summary_words
 
 FIELDS = ("token", "count", "purity", "kind")
 
@@ -64,7 +65,7 @@ def test_sealed_equals_scan(case):
     # the presence filter: a bit per distinct shortest key, so no more bits than slots (an
     # all-ones filter would reject nothing), and one at least in every non-empty bucket
     base = 1 + geom.slots // 8
-    bits = np.unpackbits(summary[:, :, base:base + lookup.FILTER_WORDS].copy().view(np.uint8), axis=-1).sum(-1)
+    bits = np.unpackbits(summary[:, :, base:base + sealed.FILTER_WORDS].copy().view(np.uint8), axis=-1).sum(-1)
     assert (bits <= idx.fill).all() and ((bits > 0) == (idx.fill > 0)).all()
     # the sealed lookup reads long runs' top followers from the side table: counts >= the threshold occur
     assert (before[0].count >= SIDE_MIN_COUNT).any() and (before[0].count[:, 20:] == 1).any()
@@ -145,7 +146,7 @@ def test_version2_sealed_file_loads_unsealed(tmp_path):
     idx.seal()
     summary, side_off, side = idx._side
     lines = geom.slots // 8
-    old = np.zeros(summary.shape[:2] + (lookup.summary_words(geom.slots, 0),), dtype=np.uint16)
+    old = np.zeros(summary.shape[:2] + (sealed.summary_words(geom.slots, 0),), dtype=np.uint16)
     old[:, :, :1 + lines] = summary[:, :, :1 + lines]  # fill and fences, no filter
     idx._side = (old, side_off, side)
     lay = store.layout(geom, idx.side_capacity, version=2)
@@ -217,7 +218,7 @@ def test_scan_follows_adds():
                          ids=["room", "table-full", "runs-full"])
 def test_frozen_runs_follow_adds(monkeypatch, entries, run_slots, full):
     """A growing index's lookups keep the sorted runs of n-grams whose two buckets are full
-    (hints.lookup.frozen_run) across calls. Lookups between adds stay equal to a sealed index of
+    (hints.index.lookup.frozen_run) across calls. Lookups between adds stay equal to a sealed index of
     the tokens added so far: with room for every run, and with room for 2 runs or for 40 slots,
     where the kept runs are dropped and gathered again many times in one lookup."""
     monkeypatch.setattr(lookup, "FROZEN_ENTRIES", entries)  # they size the scratch made from here on
@@ -261,12 +262,11 @@ def test_compile_kernels_covers_a_runs_lookups(tmp_path):
     """compile_kernels (what train_gpt.py runs before its clock starts) leaves nothing for a
     run's hint work to compile: a training-time index (add, scan lookup) and a background index
     (sealed, saved, mapped read-only) of other geometries and workers reuse its signatures."""
-    from hints import kernels
-    from hints.index import compile_kernels
+    from hints.index import build, compile_kernels
     lengths = (6, 10, 20)
     compile_kernels(lengths)
-    dispatchers = [lookup.lookup_scan, lookup.lookup_sorted, lookup.seal_partitions, kernels.stage1_worker,
-                   kernels.stage2_place]
+    dispatchers = [lookup.lookup_scan, sealed.search_sealed, sealed.lookup_sorted, sealed.seal_partitions,
+                   build.stage1_worker, build.stage2_place]
     before = [len(f.signatures) for f in dispatchers]
     stream = phrase_stream(7, 5000, 30, 100, 12)
     train = HintIndex(Geometry(2, 6, 16, lengths), workers=2).add(stream[:3000])

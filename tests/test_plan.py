@@ -172,7 +172,7 @@ def test_bench_times_the_record_step_on_the_records_threads():
 def test_the_record_node_gets_the_articles_scale_and_fits(capsys):
     """The article's node (1575 GiB, 64 cores x 2 threads, 35B tokens on disk): its 352 GiB table,
     35B tokens, 48 builder threads (8 ranks keep 2 cores each for their 3 threads). No rate of this
-    repo's builder is recorded for its CPU class (hints/build_rates.json holds only rates `hints bench
+    repo's builder is recorded for its CPU class (hints/index/build_rates.json holds only rates `hints bench
     --save-rate` measured), so the plan counts on the design floor and says the index would be ready
     after the last step; at the article's builder rate (--build-rate) it would be ready at ~6.4 s."""
     from train.plan import ARTICLE_TRAIN_S, BUILDER_START_S
@@ -195,7 +195,7 @@ def test_the_record_node_gets_the_articles_scale_and_fits(capsys):
 
 
 def test_rates_file_round_trips_and_refuses_bad_entries(tmp_path):
-    from hints.rates import load_rates, save_rate
+    from hints.index import load_rates, save_rate
     path = tmp_path / "rates.json"
     assert load_rates(path) == {}
     save_rate("CPU X", 1.5e8, "bench on CPU X", path)

@@ -50,13 +50,13 @@ def children_map():
 
 def is_builder(pid):
     try:
-        return b"hints.background" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"hints.index.background" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
 
 def builders_under(root):
-    """PIDs of hint-builder processes (python -m hints.background) descended from `root`."""
+    """PIDs of hint-builder processes (python -m hints.index.background) descended from `root`."""
     return [pid for pid in descendants(root) if is_builder(pid)]
 
 

@@ -13,7 +13,7 @@ from data.loader import Batch, DistributedDataLoader
 from data.shards import write_shard
 from data.tokenizer import EOT_TOKEN
 from hints import Geometry, HintIndex
-from hints.reference import reference_reach
+from hints.index.reference import reference_reach
 from train.data import val_split
 from train.evaluate import ValHintCache, val_hint_arrays
 from train.val_hints import pick_val_index

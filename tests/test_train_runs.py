@@ -20,7 +20,7 @@ from data.local_corpus import build_local_corpus, stdlib_dir
 from data.manifest import write_manifest
 from data.shards import write_shard
 from hints import Geometry, HintIndex, n_kinds
-from hints.background import SHM_DIR
+from hints.index.background import SHM_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_warmup_steps_are_undone(corpus, tmp_path):
 
 
 def builder_children(parent):
-    """PIDs of hint-builder processes (python -m hints.background) whose parent is `parent`."""
+    """PIDs of hint-builder processes (python -m hints.index.background) whose parent is `parent`."""
     found = []
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -142,7 +142,7 @@ def builder_children(parent):
             cmd = Path(f"/proc/{d}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hints.background" in cmd:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"hints.index.background" in cmd:
             found.append(int(d))
     return found
 

@@ -118,7 +118,7 @@ class Generator:
     @torch.no_grad()
     def generate(self, prompt, max_new_tokens, *, temperature=0.0, top_k=0, seed=0, drafter=None, n_draft=16):
         """New tokens after prompt, and the run's figures. drafter: an object whose draft(seq, n)
-        returns up to n token ids to follow seq (hints.draft.LlamaDrafter, hints.hint_draft.HintDrafter)."""
+        returns up to n token ids to follow seq (hints.draft.LlamaDrafter, hints.draft.HintDrafter)."""
         ctx = self.model.cfg.max_seq_len
         prompt = check_prompt(prompt, self.vocab, ctx)
         max_new = min(int(max_new_tokens), ctx - prompt.size)

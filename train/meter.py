@@ -35,7 +35,7 @@ class Meter:
         self.started = None  # time.monotonic() of the clock's latest start while it runs, else None
         self.stopped_at = None  # time.monotonic() of its latest stop
         self.clock_start = None  # time.monotonic() when the clock first started (one clock for every process)
-        self.on_clock_start = []  # called once with it: the background builder's go (hints/background.py)
+        self.on_clock_start = []  # called once with it: the background builder's go (hints/index/background.py)
         self._new_interval()
 
     # -- the clock ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ What must fit, and where each number comes from:
     thread's index workers) on whole physical cores (train/placement.py gives each rank whole
     cores, all their threads, so the plan rounds the same way); the builder gets the rest, one
     thread per free core, and must finish within BUILD_BUDGET_S at the per-core rate recorded
-    for the node's CPU class (hints/rates.py: `python -m hints bench --save-rate`), else at the
+    for the node's CPU class (hints/index/rates.py: `python -m hints bench --save-rate`), else at the
     design floor BUILD_TOKENS_PER_CORE_S; the plan says which rate it used, when the index will
     be ready after the clock starts, and whether that is before the last step, because a late
     index makes the final validation wait and the wait counts as training time;
@@ -37,11 +37,9 @@ from data.download import VARIANTS
 from data.loader import CHUNK_TOKENS as BUILDER_CHUNK_TOKENS
 from data.shards import shard_token_count
 from data.units import human_tokens, parse_token_count
-from hints.geometry import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, TARGET_LOAD, Geometry, _human,
-                            available_memory_bytes, parse_lengths)
-from hints.index import default_chunk_tokens, stage1_chunk, staging_nbytes
-from hints.rates import cpu_model, load_rates
-from hints.store import layout
+from hints.index import (DEFAULT_LENGTHS, MAX_MEMORY_FRACTION, PRESETS, TARGET_LOAD, Geometry, available_memory_bytes,
+                         cpu_model, default_chunk_tokens, file_bytes, human_bytes, load_rates, parse_lengths,
+                         stage1_chunk, staging_nbytes)
 from train.placement import read_topology
 
 # The article's record: 37B FineWeb100B tokens in the 352 GiB 2^14 x 2^14 x 176 table.
@@ -108,7 +106,7 @@ SHARD_BYTES_PER_TOKEN = 2  # uint16 tokens (the 1 KiB header per 100M tokens is 
 # Disk left free after fetching shards: logs, checkpoints, compile caches.
 DISK_HEADROOM_BYTES = 20 << 30
 DEFAULT_SHM_DIR = "/dev/shm"
-# Where the trainer's background index lives: anonymous shared memory (memfd, hints/background.py),
+# Where the trainer's background index lives: anonymous shared memory (memfd, hints/index/background.py),
 # charged to RAM, not to /dev/shm's tmpfs size, so only the memory budget bounds it.
 MEMFD = "memfd (anonymous shared memory)"
 # tmpfs sizes itself to half of RAM unless told otherwise (mount(8), tmpfs "size"): the
@@ -157,7 +155,7 @@ def staging_bytes(geom, workers, staged_tokens):
 
 def index_file_bytes(geom):
     """What the index file takes in /dev/shm: header, fill counts, slot table."""
-    return layout(geom)[2]
+    return file_bytes(geom, sealed=False, side_capacity=0)
 
 
 def rank_bytes(train_tokens=RECORD_TRAIN_TOKENS, lengths=DEFAULT_LENGTHS, index_bytes=None, device="cuda", model=None):
@@ -306,14 +304,14 @@ def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=N
         build_s = tokens / (cores * build_tokens_per_core_s)  # one builder thread per free core
         problem = None
         if total > budget:
-            problem = (f"{_human(index)} index + {_human(stage)} staging + {n_ranks} x {_human(rank)} ranks "
-                       f"= {_human(total)} > {MAX_MEMORY_FRACTION:.0%} of {_human(node_ram_bytes)}")
+            problem = (f"{human_bytes(index)} index + {human_bytes(stage)} staging + {n_ranks} x {human_bytes(rank)} ranks "
+                       f"= {human_bytes(total)} > {MAX_MEMORY_FRACTION:.0%} of {human_bytes(node_ram_bytes)}")
             if requested_tokens is not None or geom_given:
                 raise PlanError(f"{flag()}: {geom.describe()} for {human_tokens(tokens)} tokens does not fit this node's "
                                 f"memory ({problem}); ask for less (the default plan halves to fit)")
         elif shm_path is None:
-            spaces = ", ".join(f"{p} has {_human(free)} free" for p, free in shm_dirs)
-            problem = f"the {_human(index)} index file does not fit: {spaces}"
+            spaces = ", ".join(f"{p} has {human_bytes(free)} free" for p, free in shm_dirs)
+            problem = f"the {human_bytes(index)} index file does not fit: {spaces}"
             if requested_tokens is not None or geom_given:
                 raise PlanError(f"{flag()}: {problem}; give a larger tmpfs with --hint-shm-dir DIR, or ask for less")
         elif build_s > build_budget_s:
@@ -331,8 +329,8 @@ def plan_record(node_ram_bytes, node_cores, node_tokens, shm_bytes, disk_bytes=N
         halvings += 1
 
     if shm_path != shm_dirs[0][0]:
-        notes.append(f"index in {shm_path}: {shm_dirs[0][0]} has {_human(shm_dirs[0][1])} free, "
-                     f"less than the {_human(index)} index")
+        notes.append(f"index in {shm_path}: {shm_dirs[0][0]} has {human_bytes(shm_dirs[0][1])} free, "
+                     f"less than the {human_bytes(index)} index")
     return _plan(tokens, geom, index, stage, rank, n_ranks, total, budget, cores, build_s, shm_path,
                  max(0, tokens - int(node_tokens)), halvings, notes, node, rate)
 
@@ -345,8 +343,8 @@ def _plan(tokens, geom, index, stage, rank, n_ranks, total, budget, cores, build
     if tokens:
         when = (f"ready ~{ready_s:.1f} s after the clock starts"
                 + ("" if before is None else f", {'before' if before else 'AFTER'} the last step (~{train_s:.2f} s)"))
-        reason = (f"{_human(geom.table_bytes)} table + {_human(stage)} staging + {n_ranks} x {_human(rank)} ranks "
-                  f"fits in {_human(budget)} of {_human(node['ram_bytes'])}; {human_tokens(tokens)} tokens on "
+        reason = (f"{human_bytes(geom.table_bytes)} table + {human_bytes(stage)} staging + {n_ranks} x {human_bytes(rank)} ranks "
+                  f"fits in {human_bytes(budget)} of {human_bytes(node['ram_bytes'])}; {human_tokens(tokens)} tokens on "
                   f"{cores} builder threads, one per {'free ' if node['cores'] > cores else ''}core, at "
                   f"{per_s / 1e6:.1f}M tok/s each ({source.split(':')[0]}): {when}; index in {shm_path}")
         if halvings:
@@ -437,7 +435,7 @@ def add_plan_args(parser, plan_flag=True):
     g.add_argument("--node-cpu", help=f"CPU model of that node, for its recorded build rate (default: this "
                    f"machine's, or {RECORD_CPU!r} when --node-* describes another node)")
     g.add_argument("--build-rate", type=parse_token_count, help="builder tokens/s per core to plan with, e.g. 100M "
-                   "(default: the rate recorded for the node's CPU class in hints/build_rates.json, else the design "
+                   "(default: the rate recorded for the node's CPU class in hints/index/build_rates.json, else the design "
                    f"floor of {BUILD_TOKENS_PER_CORE_S // 10**6}M)")
     g.add_argument("--train-seconds", type=float, help="expected seconds from the clock's start to the last step, "
                    f"which the index's ready time is compared with (default for the record: the article's {ARTICLE_TRAIN_S} s)")
@@ -446,7 +444,7 @@ def add_plan_args(parser, plan_flag=True):
 
 def build_rate(args, other_node):
     """(tokens/s per builder thread, where it comes from): --build-rate, else the rate recorded for
-    the node's CPU class (hints/rates.py), else the design floor."""
+    the node's CPU class (hints/index/rates.py), else the design floor."""
     if getattr(args, "build_rate", None):
         return float(args.build_rate), "given with --build-rate"
     model = getattr(args, "node_cpu", None) or (RECORD_CPU if other_node else cpu_model())
@@ -501,9 +499,9 @@ def plan_from_args(args, hint_files, dataset_tokens=0, hint_workers=RECORD_HINT_
         kw["rank_ram_bytes"] = rank_bytes(index_bytes=index_bytes, device=device, model=model)
         ranks_total = ranks * kw["rank_ram_bytes"]
         if device == "cpu" and model and ranks_total > MAX_MEMORY_FRACTION * kw["node_ram_bytes"]:
-            raise PlanError(f"--batch-size: {ranks} CPU rank(s) of {_human(kw['rank_ram_bytes'])} (model, optimizer "
-                            f"state, {model['batch_tokens']:,} tokens of activations a step, a {_human(index_bytes)} "
-                            f"training index) do not fit in {MAX_MEMORY_FRACTION:.0%} of {_human(kw['node_ram_bytes'])}; "
+            raise PlanError(f"--batch-size: {ranks} CPU rank(s) of {human_bytes(kw['rank_ram_bytes'])} (model, optimizer "
+                            f"state, {model['batch_tokens']:,} tokens of activations a step, a {human_bytes(index_bytes)} "
+                            f"training index) do not fit in {MAX_MEMORY_FRACTION:.0%} of {human_bytes(kw['node_ram_bytes'])}; "
                             f"give a smaller --batch-size or --seq-len")
     kw["build_tokens_per_core_s"], kw["build_rate_source"] = build_rate(args, other_node)
     train_s = getattr(args, "train_seconds", None) or train_seconds

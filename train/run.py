@@ -38,7 +38,7 @@ class Run:
     index: object = None  # that index (hints.HintIndex)
     positional: object = None  # the record representation's node index (train.positional_hints)
     val_index: object = None  # --val-index, opened
-    background: object = None  # the node's background index (hints/background.py), when it started here
+    background: object = None  # the node's background index (hints/index/background.py), when it started here
     exact: object = None  # --val-hints exact|exact-gpu: the counted val hints
     cache: ValHintCache = dataclasses.field(default_factory=ValHintCache)  # val hints per index and span
     # progress

@@ -1,6 +1,6 @@
 """Where validation hints come from, and the same choice on every rank.
 
-The node's background index (hints/background.py: built from training shards in its own
+The node's background index (hints/index/background.py: built from training shards in its own
 process on the cores the ranks leave free, started by `start_background`); a saved index
 (`--val-index`, `open_val_index`); or exact counts of the val n-grams in the training tokens
 (`--val-hints exact|exact-gpu`, `count_exact_val_hints`). `pick_val_index` chooses among the
@@ -16,9 +16,9 @@ import numpy as np
 from data.loader import iter_tokens, read_tokens
 from hints import HintIndex
 from hints.cells import BOS
+from hints.index.background import BUILDING, start_for_node
 from hints.positional import DEFAULT_CAP, PositionalIndex, exact_cells
 from hints.positional import MAGIC as POSITIONAL_MAGIC
-from hints.background import BUILDING, start_for_node
 from train.data import val_split
 from train.placement import lower_priority
 
