@@ -79,7 +79,7 @@ def test_cell_bins_at_their_edges():
         assert cell_parts(cell_of([1], [count], [top]))[2][0] == pb, (top, count)
     assert cell_of([-1, 2], [5, 5], [5, 5]).tolist() == [-1, 2 * 42 + 3 * 6 + 5]
     # the Numba kernel and the array function agree everywhere with the design's bins, as the
-    # reference states them on its own (hints.reference.reference_cell)
+    # reference states them on its own (hints.index.reference.reference_cell)
     for d in range(3):
         for count in range(1, 70):
             for top in range(1, count + 1):
