@@ -275,6 +275,17 @@ class RecordGPT(nn.Module):
         self.rotaries.reset()
         self.windows = self.cfg.initial_windows
 
+    def reset_fp8(self) -> None:
+        """The MLP's fp8 scale state from scratch (the post-warm-up reset), refreshed from the current weights."""
+        self.fp8_mlp_scales.reset()
+        self.refresh_fp8()
+
+    def get_extra_state(self):
+        return {"windows": list(self.windows)}
+
+    def set_extra_state(self, state) -> None:
+        self.windows = tuple(int(w) for w in state["windows"])
+
     @torch.no_grad()
     def cast_to_record_dtypes(self) -> "RecordGPT":
         """The record's split (RECORD.md section 7): matrices, tables and the mix/gate networks in bf16;

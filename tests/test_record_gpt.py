@@ -351,8 +351,12 @@ def test_window_changes_apply_yarn_unless_told_not_to():
     m.evaluate(idx, targets, cu_seqlens(), ng, windows=(WINDOWS[0], 40), yarn=False)
     assert m.windows == (WINDOWS[0], 40)
     assert m.rotaries.wide.softmax_scale == pytest.approx(scale0 * (1 + 0.2 * math.log(2)))
+    state = m.state_dict()  # windows and rotary tables travel with the weights
     m.reset_windows()
     assert m.windows == WINDOWS and m.rotaries.wide.softmax_scale == scale0
+    m.load_state_dict(state)
+    assert m.windows == (WINDOWS[0], 40)
+    assert m.rotaries.wide.softmax_scale == pytest.approx(scale0 * (1 + 0.2 * math.log(2)))
 
 
 def test_fp8_forward_is_close_to_the_float_forward():
@@ -363,6 +367,8 @@ def test_fp8_forward_is_close_to_the_float_forward():
     m.refresh_fp8()
     fp8 = m(idx, targets, cu_seqlens(), ng, windows=WINDOWS)
     assert fp8 != exact and abs(fp8 - exact) / exact < 0.02
+    m.reset_fp8()  # the post-warm-up reset: exact weight scales from the current weights again
+    assert m.fp8_mlp_scales.refreshes == 1 and torch.all(m.fp8_mlp_scales.post_scale == 1.0)
 
 
 def test_bad_inputs_are_named():
