@@ -265,8 +265,9 @@ def test_absent_hints_are_bitwise_no_hints(hint_repr):
         assert torch.equal(got, want)
     assert torch.equal(m.evaluate(idx, targets, cu_seqlens(), ng, windows=WINDOWS, hints=absent)[0],
                        m.evaluate(idx, targets, cu_seqlens(), ng, windows=WINDOWS)[0])
-    if hint_repr == "record":  # and present hints do change it
-        assert not torch.equal(run(cell_hints())[0], run(None)[0])
+    present = cell_hints() if hint_repr == "record" else RecordHints(torch.randint(0, VOCAB, (T, 3)),
+                                                                     torch.randint(0, CELLS, (T, 3)))
+    assert not torch.equal(run(present)[0], run(None)[0])  # and present hints do change it
 
 
 def test_init_values():
