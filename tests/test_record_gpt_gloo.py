@@ -1,6 +1,6 @@
 """RecordGPT with its optimizers on two gloo ranks: each rank trains on its own packed batch (banks padded
 for two ranks, ANVIL's reduce-scatter / own units / all-gather, RecordAdam's all-reduce and the sharded,
-tied then untied lm_head / embed), and after every step both ranks hold bitwise the same weights as one
+tied then untied lm_head / embed), and after four steps both ranks hold bitwise the same weights as one
 process fed what the collectives compute: ANVIL the mean of the ranks' gradients each step, Adam on odd
 steps the mean of each rank's two-step sum (with embed's sum, transposed, added into lm_head's per rank
 while tied), zeros on even steps. (value_embeds' Adam and the n-gram table have their own two-rank
