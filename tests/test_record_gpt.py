@@ -427,3 +427,57 @@ def test_the_records_dtypes_train():
     loss.backward()
     assert abs(loss.item() - want) / want < 0.05
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two gloo ranks (run from tests/test_record_optim_gloo.py's one spawn)
+
+GLOO_WORLD, GLOO_STEPS, GLOO_UNTIE = 2, 4, 1
+
+
+def gloo_rank_loss(m, rank):
+    idx, targets, ng, prefix = batch(seed=20 + rank)
+    return m(idx, targets, cu_seqlens(), ng, windows=WINDOWS, mtp_weights=(1.0, 0.5), prefix_targets=prefix,
+             prefix_weight=0.2, hints=cell_hints(seed=20 + rank))
+
+
+def gloo_part(rank=0, world=1):
+    """RecordGPT with ANVIL and RecordAdam (tied, untie, untied), its banks padded for two ranks: the weights after
+    four steps. On `world` ranks each trains on its own batch; one process is fed what the collectives compute:
+    ANVIL the mean of the ranks' gradients each step, Adam on odd steps the mean of each rank's two-step sum
+    (with embed's sum, transposed, added into lm_head's per rank while tied), zeros on even steps. The spawn and
+    the bitwise comparison are tests/test_record_optim_gloo.py's."""
+    torch.manual_seed(11)
+    m = RecordGPT(tiny_config(), world_size=GLOO_WORLD)
+    labelled = m.labelled_params()
+    anvil = Anvil(labelled, rank=rank, world_size=world)
+    adam = RecordAdam(labelled, untie_step=GLOO_UNTIE, rank=rank, world_size=world)
+    names = [name for name, _ in m.named_parameters()]
+    params = dict(m.named_parameters())
+    banks = {"qk_bank", "vo_bank", "mlp_bank"}
+    sums = [dict.fromkeys(names, 0.0) for _ in range(GLOO_WORLD)]  # each rank's two-step Adam sums
+    for step in range(GLOO_STEPS):
+        if world > 1:
+            gloo_rank_loss(m, rank).backward()
+        else:
+            for r in range(GLOO_WORLD):
+                grads = torch.autograd.grad(gloo_rank_loss(m, r), list(params.values()))
+                for name, g in zip(names, grads):
+                    sums[r][name] = sums[r][name] + g if step % 2 else g  # 0 + g is g, bit for bit
+                    if name in banks:
+                        params[name].grad = g if r == 0 else (params[name].grad + g) / GLOO_WORLD
+            for name in names:
+                if name not in banks:
+                    params[name].grad = torch.zeros_like(params[name])
+            if step % 2:
+                for name in names:
+                    if name not in banks:
+                        params[name].grad = (sums[0][name] + sums[1][name]) / GLOO_WORLD
+                if step <= GLOO_UNTIE:  # tied: each rank adds embed's sum, transposed, into lm_head's first
+                    params["lm_head"].grad = sum(sums[r]["lm_head"] + sums[r]["embed.weight"].T
+                                                 for r in range(GLOO_WORLD)) / GLOO_WORLD
+                    params["embed.weight"].grad = torch.zeros_like(params["embed.weight"])
+        m.value_embeds.grad = None  # its Adam is not part of this test
+        anvil.step(lr_scale=1.0, rail_beta=0.9, engaged=step >= 2)
+        adam.step(step, 1.0)
+    return {name: p.detach().clone() for name, p in m.named_parameters()}
