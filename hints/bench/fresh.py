@@ -6,7 +6,7 @@ made and reserved before the clock (the bench's build row). Both are alternated,
 workers, `repeats` times after an untimed round (hints.bench.figures). `python -m hints bench`
 reports the fresh rows beside its warm ones; `python -m hints.bench.fresh` measures only these,
 with each way's peak memory (a fresh child process each: pre-faulted when made, or faulted at
-first write):
+first write; with --lazy, the first add into an index left to fault at first write as well):
 
     python -m hints.bench.fresh --tokens 'data/local_corpus/train_*.bin' --max-tokens 20M --geometry 8,12,64
 """
@@ -21,9 +21,10 @@ from ..tokens import read_all
 from .figures import REPEATS, Figure, alternate, timed
 
 
-def fresh_add(geom, w, tokens):
-    """Make an index and add `tokens` to it: (wall, CPU, the index)."""
-    return timed(lambda: HintIndex(geom, workers=w).add(tokens))
+def fresh_add(geom, w, tokens, prefault=None):
+    """Make an index and add `tokens` to it: (wall, CPU, the index). prefault=False: its table
+    faulted at first write, in stage 2 (the way not taken, measured beside)."""
+    return timed(lambda: HintIndex(geom, workers=w, prefault=prefault).add(tokens))
 
 
 def warm_add(geom, w, tokens):
@@ -32,19 +33,24 @@ def warm_add(geom, w, tokens):
     return timed(lambda: idx.add(tokens))
 
 
-def bench_fresh(tokens, geom, workers, repeats, log, warm=False):
+def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False):
     """Figures of the first add into a fresh index, 1 and `workers` workers, alternated ({"fresh_<w>w"});
-    with `warm`, alternated with the warm add too ({"warm_<w>w"})."""
+    with `warm`, alternated with the warm add too ({"warm_<w>w"}); with `lazy`, with the first add
+    into a fresh index that is not pre-faulted ({"lazy_<w>w"})."""
     ws = sorted({1, workers})
     figs = {f"fresh_{w}w": Figure(f"first add into a fresh index (made + add), {w} worker(s)", "tok/s", tokens.size, w)
             for w in ws}
+    if lazy:
+        figs.update({f"lazy_{w}w": Figure(f"first add into a fresh index faulted at first write, {w} worker(s)", "tok/s",
+                                          tokens.size, w) for w in ws})
     if warm:
         figs.update({f"warm_{w}w": Figure(f"add into a warm index, {w} worker(s)", "tok/s", tokens.size, w) for w in ws})
     prefault = {}
+    ways = dict(fresh=fresh_add, lazy=lambda g, w, t: fresh_add(g, w, t, prefault=False), warm=warm_add)
 
     def measure(key):
         kind, w = key.split("_")[0], int(key.split("_")[1][:-1])
-        wall, cpu, idx = (fresh_add if kind == "fresh" else warm_add)(geom, w, tokens)
+        wall, cpu, idx = ways[kind](geom, w, tokens)
         if kind == "fresh":
             prefault[w] = idx.prefault
         return wall, cpu, idx.prefault["seconds"] if kind == "fresh" and idx.prefault else None
@@ -73,6 +79,7 @@ def main(argv=None):
     p.add_argument("--lengths", type=parse_lengths, default=DEFAULT_LENGTHS)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--lazy", action="store_true", help="also the first add into a fresh index left to fault at first write")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.workers < 1:
@@ -83,12 +90,14 @@ def main(argv=None):
     print(f"CPU: {cpu_text(cpu_info())}")
     print(f"{tokens.size:,} tokens, geometry {geom.describe()}, {args.repeats} repeats (median [min-max])")
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(tokens[:1000])  # load the kernels
-    figs, _ = bench_fresh(tokens, geom, args.workers, args.repeats, print, warm=True)
+    figs, _ = bench_fresh(tokens, geom, args.workers, args.repeats, print, warm=True, lazy=args.lazy)
+    kinds = ("fresh", "lazy", "warm") if args.lazy else ("fresh", "warm")
     for w in sorted({1, args.workers}):
-        m, lo, hi = ratio(figs[f"fresh_{w}w"], figs[f"warm_{w}w"])
-        print(f"fresh / warm, {w} worker(s): {m:.2f}x [{lo:.2f}-{hi:.2f}]")
+        for kind in kinds[:-1]:
+            m, lo, hi = ratio(figs[f"{kind}_{w}w"], figs[f"warm_{w}w"])
+            print(f"{kind} / warm, {w} worker(s): {m:.2f}x [{lo:.2f}-{hi:.2f}]")
     if args.workers > 1:
-        for kind in ("fresh", "warm"):
+        for kind in kinds:
             m, lo, hi = ratio(figs[f"{kind}_{args.workers}w"], figs[f"{kind}_1w"])
             print(f"{kind}: {args.workers} workers / 1: {m:.2f}x [{lo:.2f}-{hi:.2f}]")
     if not args.no_memory:

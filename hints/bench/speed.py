@@ -44,7 +44,6 @@ from ..index import Geometry, HintIndex, ReferenceIndex
 from ..index.sealed import summary_words
 from ..tokens import iter_chunks
 from .figures import MIB, REPEATS, Figure, alternate, timed
-from .fresh import bench_fresh
 from .limits import compute_ceiling, cpu_info, cpu_text, memcpy_bandwidth, memory_latency, random_writes, vector_ceiling
 from .record import RECORD_ADD, bench_record_step, projection
 from .shares import REPRO_SCALING, REPRO_TOLERANCE, host_shares, host_shares_cpu, reproducibility, share_text
@@ -175,6 +174,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     build, stages, idx = bench_build(train, geom, workers, repeats, log)
     for w, f in build.items():
         figs[f"build_{w}w"] = f
+    from .fresh import bench_fresh  # here: `python -m hints.bench.fresh` runs that module as a script
     figs.update(bench_fresh(train, geom, workers, repeats, log)[0])  # made + first add, beside the warm build
     many = dataclasses.replace(geom, partition_bits=MANY_PARTITIONS,
                                bucket_bits=max(1, geom.partition_bits + geom.bucket_bits - MANY_PARTITIONS))
