@@ -1,7 +1,8 @@
 """HintIndex: build (add), query (lookup), persist (save/load) and describe (stats) a hint index.
 
 The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
-memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
+memory other processes can map) and, from 64 MiB, faulted in when made, on all workers with
+huge pages asked for (`prefault`: no add() pays for the table's page faults). `add` builds in sub-chunks of
 `chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
 in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
 own); in stage 2 they claim partitions in turn, largest first, and place them. Because every
@@ -42,8 +43,9 @@ def stage2_order(heads, block_len, block_next):
     order = np.argsort(-sizes, kind="stable")
     return order[:np.count_nonzero(sizes)]
 
-# Tables from this size are pre-faulted when made (prefault=None): 64 MiB of faults take ~15 ms
-# on one thread of the 2-vCPU Xeon of docs/design.md ("Pre-faulting"); smaller ones fault at first write.
+# Tables from this size are pre-faulted when made (prefault=None). Smaller ones (tests, tiny
+# indexes) fault at first write: 64 MiB of faults took 15-40 ms on one thread of the 2-vCPU
+# Xeon of docs/design.md ("Pre-faulting") when its host was quiet, and a pre-fault starts threads.
 PREFAULT_MIN_BYTES = 64 << 20
 
 
