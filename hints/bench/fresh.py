@@ -36,7 +36,7 @@ def warm_add(geom, w, tokens):
 def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False):
     """Figures of the first add into a fresh index, 1 and `workers` workers, alternated ({"fresh_<w>w"});
     with `warm`, alternated with the warm add too ({"warm_<w>w"}); with `lazy`, with the first add
-    into a fresh index that is not pre-faulted ({"lazy_<w>w"})."""
+    into a fresh index that is not pre-faulted ({"lazy_<w>w"}). Logs each, with the pre-fault's seconds."""
     ws = sorted({1, workers})
     figs = {f"fresh_{w}w": Figure(f"first add into a fresh index (made + add), {w} worker(s)", "tok/s", tokens.size, w)
             for w in ws}
@@ -61,7 +61,7 @@ def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False):
         log(f"  {f.name}: {f.text()}" + (f"; of which the pre-fault {np.median(pf):.3f}s [{min(pf):.3f}-{max(pf):.3f}] "
                                          f"({prefault[f.workers]['how']}, THP mode {prefault[f.workers]['thp_mode']})"
                                          if pf else ""))
-    return figs, {k: v for k, v in extras.items() if k.startswith("fresh")}
+    return figs
 
 
 def ratio(num, den):
@@ -90,7 +90,7 @@ def main(argv=None):
     print(f"CPU: {cpu_text(cpu_info())}")
     print(f"{tokens.size:,} tokens, geometry {geom.describe()}, {args.repeats} repeats (median [min-max])")
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(tokens[:1000])  # load the kernels
-    figs, _ = bench_fresh(tokens, geom, args.workers, args.repeats, print, warm=True, lazy=args.lazy)
+    figs = bench_fresh(tokens, geom, args.workers, args.repeats, print, warm=True, lazy=args.lazy)
     kinds = ("fresh", "lazy", "warm") if args.lazy else ("fresh", "warm")
     for w in sorted({1, args.workers}):
         for kind in kinds[:-1]:
