@@ -45,8 +45,10 @@ def test_help(cmd):
 def test_build_stats_lookup(shards, tmp_path):
     d, train, val = shards
     out = tmp_path / "x.idx"
-    r = hints_cli("build", "--tokens", str(d / "train_*.bin"), "--out", str(out), "--geometry", "4,8,64", "--workers", "2")
+    r = hints_cli("build", "--tokens", str(d / "train_*.bin"), "--out", str(out), "--geometry", "4,8,64", "--workers", "2",
+                  "--prefault", "on")
     assert "hints stored" in r.stdout
+    assert "table pre-faulted in" in r.stdout and "on 2 thread(s)" in r.stdout  # apart from "built in"
     idx = HintIndex.load(str(out), mmap=True, verify=True)
     assert idx.tokens_added == train.size
     # the .npy route builds the same bytes

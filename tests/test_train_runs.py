@@ -260,6 +260,8 @@ def test_ablation_writes_every_row_and_file(corpus, tmp_path):
     assert [r["hint_tokens"] for r in rows] == [12_500, 25_000, 50_000, 100_000]
     assert rows[-1]["val_loss_hints"] < nohints
     assert rows[-1]["coverage_6"] > rows[0]["coverage_6"]
+    # the build's seconds grow along the ladder; the table's pre-fault is apart (none: a small table faults at first write)
+    assert 0 < rows[0]["build_s"] <= rows[-1]["build_s"] and all(r["prefault_s"] == 0.0 for r in rows)
     for f in ("ablation.md", "ablation.csv", "ablation.json", "ablation.png"):
         assert (out / f).stat().st_size > 0, f
     assert (out / "ablation.md").read_text().count("\n") == 2 + 1 + len(rows)  # header, rule, no-hint row, sizes

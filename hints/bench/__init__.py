@@ -1,7 +1,8 @@
 """Measurement: the index's speed against the plain-Python reference and the machine's limits
-(speed.py, limits.py, shares.py), the record's shape (record.py), the exact count's and the
-positional index's benchmarks, hint coverage and accuracy (stats.py), and how they grow with the
-hint corpus (scaling.py, report.py). The `python -m hints bench|stats|scaling|...` commands.
+(speed.py, limits.py, shares.py; a fresh index's first add, fresh.py), the record's shape
+(record.py), the exact count's and the positional index's benchmarks, hint coverage and
+accuracy (stats.py), and how they grow with the hint corpus (scaling.py, report.py). The
+`python -m hints bench|stats|scaling|...` commands.
 """
 from .exact_bench import format_exact_table, run_exact_bench
 from .positional_bench import run_positional_bench

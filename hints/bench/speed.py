@@ -9,7 +9,9 @@ figure actually got: on a busy machine 2 workers may get one core, and then thei
 worker says nothing about scaling.
 
 Figures: the plain-Python builder and lookup (the denominators); the build from a token array
-(both stages) at the corpus geometry and at 2^14 partitions; the background build from `.bin`
+(both stages) at the corpus geometry and at 2^14 partitions, into an index made before the
+clock, and beside it the first add into a fresh index (made, pre-faulted and built on the clock,
+hints.bench.fresh); the background build from `.bin`
 shards end to end (read + stage 1 + stage 2); sealing; lookup of a growing index (scan) and of
 a sealed one; with --record-step, the training-time hint work of one rank per step at the
 record's shape on one thread, with the floor under its stage 2 (random writes), and on the
@@ -60,23 +62,23 @@ def _peak_rss():
     raise OSError("VmHWM not found in /proc/self/status")
 
 
-def _memory_child(geom_json, tokens_path, workers):
+def _memory_child(geom_json, tokens_path, workers, prefault=None):
     """Run in a fresh interpreter: peak RSS growth of building an index, as JSON on stdout."""
     geom = Geometry(**json.loads(geom_json))
     tokens = np.load(tokens_path)
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(tokens[:1000])  # load kernels before the baseline
     before = _peak_rss()
-    idx = HintIndex(geom, workers=workers)
+    idx = HintIndex(geom, workers=workers, prefault=prefault)
     idx.add(tokens)
     print(json.dumps(dict(peak_increase=_peak_rss() - before, index_bytes=geom.nbytes, staging_bytes=idx.staging_bytes())))
 
 
-def measure_memory(geom, tokens, workers):
+def measure_memory(geom, tokens, workers, prefault=None):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "tokens.npy")
         np.save(path, tokens)
         code = (f"from hints.bench.speed import _memory_child; "
-                f"_memory_child({json.dumps(geom.to_dict())!r}, {path!r}, {int(workers)})")
+                f"_memory_child({json.dumps(geom.to_dict())!r}, {path!r}, {int(workers)}, {prefault!r})")
         env = dict(os.environ, PYTHONPATH=REPO_ROOT)  # this checkout's hints, installed or not
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -172,6 +174,8 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     build, stages, idx = bench_build(train, geom, workers, repeats, log)
     for w, f in build.items():
         figs[f"build_{w}w"] = f
+    from .fresh import bench_fresh  # here: `python -m hints.bench.fresh` runs that module as a script
+    figs.update(bench_fresh(train, geom, workers, repeats, log))  # made + first add, beside the warm build
     many = dataclasses.replace(geom, partition_bits=MANY_PARTITIONS,
                                bucket_bits=max(1, geom.partition_bits + geom.bucket_bits - MANY_PARTITIONS))
     build_many, stages_many, _ = bench_build(train, many, workers, repeats, log, label=f" at {many.n_partitions:,} partitions")
@@ -225,7 +229,9 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     res["figures"]["latency"] = memory_latency(log, repeats=repeats).summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
-    for key in ("build", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling", "vector"):
+    for w in sorted({1, workers}):
+        ratios[f"fresh_{w}w_vs_build_{w}w"] = figs[f"fresh_{w}w"].median / figs[f"build_{w}w"].median
+    for key in ("build", "fresh", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling", "vector"):
         if f"{key}_{workers}w" in figs and workers > 1:
             runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(figs[f"{key}_1w"].rates)
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
@@ -238,7 +244,9 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     log("ratios (medians): build 1 worker / plain Python = {:.0f}x; sealed lookup 1 worker / plain Python = {:.0f}x".format(
         ratios["build_1w_vs_ref"], ratios["lookup_sealed_1w_vs_ref"]) + "".join(
         f"; {k.replace('_', ' ')} = {ratios[k]:.2f}x (min over repeats {ratios[k + '_min']:.2f}x)"
-        for k in ratios if k.endswith("vs_1w")))
+        for k in ratios if k.endswith("vs_1w")) + "".join(
+        f"; first add into a fresh index / warm build, {k.split('_')[1][:-1]} worker(s) = {v:.2f}x"
+        for k, v in ratios.items() if k.startswith("fresh_") and "_vs_build_" in k))
     log("shares of the host rows (medians): " + "; ".join(f"{k} {v:.3g}" for k, v in res["shares"].items()))
     if "scaling_vs_vector" in rep:
         log(f"reproducibility: two workers / the vector ceiling's own {workers}/1 ratio: " + ", ".join(

@@ -279,12 +279,6 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
 # ---- whole-table helpers --------------------------------------------------------------------
 
 @numba.njit(cache=True, nogil=True)
-def zero_fill(a0, a1, a):
-    """Write zeros over a[a0:a1]: pre-faults fresh pages from the worker that runs it."""
-    a[a0:a1] = 0
-
-
-@numba.njit(cache=True, nogil=True)
 def checksum64(a0, a1, words):
     """Checksum of words[a0:a1], position-sensitive: sum of fmix64(word ^ index mix). Sums of
     ranges add up to the checksum of the whole (mod 2^64)."""

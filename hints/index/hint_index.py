@@ -1,7 +1,8 @@
 """HintIndex: build (add), query (lookup), persist (save/load) and describe (stats) a hint index.
 
 The table is allocated once (in memory, or as a file: a path under /dev/shm gives shared
-memory other processes can map) and pre-faulted in parallel. `add` builds in sub-chunks of
+memory other processes can map) and, from 64 MiB, faulted in when made, on all workers with
+huge pages asked for (`prefault`: no add() pays for the table's page faults). `add` builds in sub-chunks of
 `chunk_tokens`: in stage 1 the workers claim chunks of 64k tokens (more with many partitions)
 in turn and stage them in a reused, pre-faulted arena (per-worker state on cache lines of its
 own); in stage 2 they claim partitions in turn, largest first, and place them. Because every
@@ -42,44 +43,55 @@ def stage2_order(heads, block_len, block_next):
     order = np.argsort(-sizes, kind="stable")
     return order[:np.count_nonzero(sizes)]
 
+# Tables from this size are pre-faulted when made (prefault=None). Smaller ones (tests, tiny
+# indexes) fault at first write: 64 MiB of faults took 15-40 ms on one thread of the 2-vCPU
+# Xeon of docs/design.md ("Pre-faulting") when its host was quiet, and a pre-fault starts threads.
+PREFAULT_MIN_BYTES = 64 << 20
 
-def prefault_zero(a, workers):
-    """Zero a fresh array from all workers at once (touches every page: no faults later)."""
-    flat = a.reshape(-1)
-    run_ranges(lambda a0, a1: build.zero_fill(a0, a1, flat), flat.size, workers)
+
+def fault_in(arrays, workers, fd=None):
+    """Fault every page of `arrays` in now, on `workers` threads, with huge pages asked for
+    (hints.index.memory.prefault); its facts (seconds, how, ...)."""
+    from . import memory  # here: `python -m hints.index.memory` runs that module as a script
+    return memory.prefault(arrays, workers, fd=fd)
 
 
 class HintIndex:
     """path: None (anonymous memory), a file path (a new file, 0600, blocks reserved; under
     /dev/shm it is shared memory), or an open file descriptor (int) of an empty file this index
-    fills, such as a memfd shared with other processes (hints/index/background.py)."""
+    fills, such as a memfd shared with other processes (hints/index/background.py).
 
-    def __init__(self, geom, workers=1, path=None, chunk_tokens=None):
+    prefault: fault the table in now, on all `workers` threads, with huge pages where the kernel
+    allows (its facts in `self.prefault`), so that no add() pays for it; None (the default): for
+    tables of PREFAULT_MIN_BYTES or more in memory or a file, always on a file descriptor (a
+    memfd is reserved this way: no SIGBUS later). docs/design.md, "Pre-faulting"."""
+
+    def __init__(self, geom, workers=1, path=None, chunk_tokens=None, prefault=None):
         if isinstance(geom, str):
             geom = Geometry.preset(geom)
         if int(workers) < 1:
             raise ValueError(f"workers={workers}: expected >= 1")
         fd = path if isinstance(path, int) else None
         if fd is not None:
+            if prefault is False:
+                raise ValueError(f"prefault=False with file descriptor {fd}: a table on a file descriptor is always "
+                                 f"reserved and pre-faulted (a sparse memfd would fail with SIGBUS when memory runs short)")
             path = f"/proc/self/fd/{fd}"  # the same file, for the memory maps and save()
         self._init_state(geom, workers, path, chunk_tokens)
-        if path is None:
+        if path is None:  # fresh anonymous memory: zeros, faulted in here or at first write
             geom.check_fits_memory()
             self.fill = alloc((geom.n_partitions, geom.n_buckets), np.uint16)
             self.table = alloc((geom.n_partitions, geom.n_buckets, geom.slots), np.uint64)
-            prefault_zero(self.fill, self.workers)
-            prefault_zero(self.table, self.workers)
-        else:
-            if fd is None:
-                self._check_space(path)
-                store.create_file(path, geom)
-                self.fill, self.table = store.map_arrays(path, geom, "r+")
-            else:  # shared memory (a memfd): sized, asked for huge pages, pre-faulted on `workers` threads
-                from . import memory  # here: `python -m hints.index.memory` runs that module as a script
-                geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
-                os.ftruncate(fd, store.layout(geom)[2])
-                self.fill, self.table = store.map_arrays(path, geom, "r+")
-                self.prefault = memory.prefault_shared(fd, [self.fill, self.table], self.workers)
+        elif fd is None:
+            self._check_space(path)
+            store.create_file(path, geom)
+            self.fill, self.table = store.map_arrays(path, geom, "r+")
+        else:  # shared memory (a memfd): sized, then reserved by the pre-fault below
+            geom.check_fits_memory(what=f"hint index on file descriptor {fd}")
+            os.ftruncate(fd, store.layout(geom)[2])
+            self.fill, self.table = store.map_arrays(path, geom, "r+")
+        if fd is not None or (geom.nbytes >= PREFAULT_MIN_BYTES if prefault is None else prefault):
+            self.prefault = fault_in([self.fill, self.table], self.workers, fd)
 
     def _init_state(self, geom, workers, path, chunk_tokens=None, tokens_added=0, history=None, dropped=0):
         """Everything but the table: shared by a new index and a loaded one."""
@@ -98,7 +110,7 @@ class HintIndex:
         self.stage1_chunk = stage1_chunk(geom)  # positions a stage-1 worker claims at a time
         self._stage = None
         self.build_seconds = {"stage1": 0.0, "stage2": 0.0}
-        self.prefault = None  # a shared-memory table's reservation: how, on how many threads, in what time
+        self.prefault = None  # the table's pre-fault (hints.index.memory.prefault's facts), or None: faulted at first write
         self._lengths, self._pows, self._bits, self._shifts = hash_arrays(geom)
 
     def _check_space(self, path):
@@ -151,7 +163,7 @@ class HintIndex:
             ws["burst_fill"][:] = 0
         # stage 1 writes each full burst line to its block with one aligned 64-byte store
         assert st["arena"].ctypes.data % 64 == 0 and STAGE_BLOCK % burst_slots(g) == 0
-        prefault_zero(st["arena"], w)
+        fault_in([st["arena"]], w)
         self._stage = st
         return st
 

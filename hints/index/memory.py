@@ -1,18 +1,23 @@
-"""Shared memory for the background index: reserved, asked for huge pages, and pre-faulted on many threads.
+"""Memory for the hashed index's tables: asked for huge pages and pre-faulted on many threads.
 
-The background builder's table lives in a memfd (hints/index/background.py). Reserving it with
-posix_fallocate is one thread allocating and zeroing every page (minutes for the record's
-352 GiB), and mapping it plainly gives the build's random slot writes 4 KiB pages. Here the
-mapping is asked for transparent huge pages (madvise MADV_HUGEPAGE; the kernel honours it for
-shared memory only when /sys/kernel/mm/transparent_hugepage/shmem_enabled is advise, always,
-within_size or force) and then populated for writing (MADV_POPULATE_WRITE, Linux >= 5.14) by
-`workers` threads over contiguous, huge-page-aligned ranges. Populating allocates every page
-and its page-table entry in the mapping the build then writes through: no fault on the clock,
-and, like posix_fallocate, no SIGBUS later (a shortage is an error now). Kernels without
-POPULATE_WRITE get posix_fallocate and a parallel zero-touch of the mapping instead.
+Every large array of an index (its table and bucket fills in private memory, the background
+builder's memfd table in hints/index/background.py, the staging arena) is faulted in before
+the build writes it, by the index's own workers at once, instead of one page fault at a time
+inside the first add(). The mapping is asked for transparent huge pages (madvise
+MADV_HUGEPAGE: the kernel honours it for private memory when
+/sys/kernel/mm/transparent_hugepage/enabled is always or madvise, for shared memory when
+.../shmem_enabled is advise, always, within_size or force) and then populated for writing
+(MADV_POPULATE_WRITE, Linux >= 5.14) by `workers` threads over contiguous, huge-page-aligned
+ranges. Populating allocates every page, zeroed by the kernel once (a zero-fill from user
+space writes it a second time), with its page-table entry, in the mapping the build then
+writes through: no fault on the clock. For a memfd, like posix_fallocate, no SIGBUS later
+(a shortage is an error now). Kernels without POPULATE_WRITE get a parallel touch of one
+byte a page instead (after posix_fallocate for a memfd).
 
+Reserving the background builder's memfd with posix_fallocate alone would be one thread
+allocating and zeroing every page (minutes for the record's 352 GiB), with 4 KiB pages.
 `hugetlb_memfd` is the other route (MFD_HUGETLB: 2 MiB pages reserved by the administrator,
-vm.nr_hugepages); `python -m hints.index.memory` measures both at a given size (docs/record.md).
+vm.nr_hugepages); `python -m hints.index.memory` measures each way at a given size (docs/record.md).
 """
 import argparse
 import ctypes
@@ -28,15 +33,17 @@ MADV_HUGEPAGE = 14          # linux/mman.h (asm-generic)
 MADV_POPULATE_WRITE = 23    # linux/mman.h, Linux 5.14
 MFD_HUGETLB = 0x0004        # linux/memfd.h
 HUGE_PAGE_BYTES = 2 << 20   # x86-64 PMD page: the unit THP and the default hugetlb pool use
-THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"  # the kernel's THP mode for shared memory
+THP_ANON = "/sys/kernel/mm/transparent_hugepage/enabled"          # and for private (anonymous) memory
 THP_SHMEM_ON = ("advise", "always", "within_size", "force")  # modes in which madvise gets shmem huge pages
 
 _libc = ctypes.CDLL(None, use_errno=True)  # CDLL calls release the GIL: threads populate in parallel
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
-def shmem_thp_mode(path=THP_SHMEM):
-    """The kernel's shared-memory THP mode ('never', 'advise', ...), or 'unknown'."""
+def thp_mode(path=THP_SHMEM):
+    """The kernel's THP mode for shared memory (THP_SHMEM) or private memory (THP_ANON):
+    'never', 'madvise', 'advise', ..., or 'unknown'."""
     try:
         with open(path) as f:
             text = f.read()
@@ -88,13 +95,16 @@ def _run(fn, bounds):
     return results
 
 
-def prefault_shared(fd, arrays, workers, huge=True):
-    """Ask for huge pages on each of `arrays` (views of memfd `fd`, mapped shared), then allocate
-    and map every page of them from `workers` threads, each on a contiguous run of 2 MiB units.
-    Returns a dict: seconds, how ('populate' or 'fallocate+touch'), workers, the kernel's shmem
-    THP mode and whether madvise was accepted. A shortage of memory is a MemoryError naming the bytes."""
+def prefault(arrays, workers, fd=None, huge=True, how="populate"):
+    """Ask for huge pages on each of `arrays` (views of private anonymous memory, of a file, or
+    of memfd `fd` mapped shared), then allocate and map every page of them from `workers`
+    threads, each on a contiguous run of 2 MiB units. how='touch' writes a byte a page instead
+    of populating (what kernels before 5.14 get; `python -m hints.index.memory` compares them).
+    Returns a dict: seconds, how ('populate', 'touch' or 'fallocate+touch'), workers, bytes, the
+    kernel's THP mode for this memory and whether madvise was accepted. A shortage of memory is
+    a MemoryError naming the bytes."""
     t0 = time.perf_counter()
-    how, advised, total = "populate", bool(arrays), 0
+    advised, total = bool(arrays), 0
     for a in arrays:
         lo, hi = _span(a)
         total += hi - lo
@@ -103,16 +113,18 @@ def prefault_shared(fd, arrays, workers, huge=True):
         w = max(1, min(int(workers), n_units))
         bounds = [(lo + n_units * i // w * HUGE_PAGE_BYTES, min(hi, lo + n_units * (i + 1) // w * HUGE_PAGE_BYTES))
                   for i in range(w)]
-        errors = [e for e in _run(lambda x, y: _madvise(x, y - x, MADV_POPULATE_WRITE) if y > x else 0, bounds) if e]
-        if errors and all(e == errno.EINVAL for e in errors):  # a kernel before 5.14: reserve, then touch in parallel
-            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        errors = []
+        if how == "populate":
+            errors = [e for e in _run(lambda x, y: _madvise(x, y - x, MADV_POPULATE_WRITE) if y > x else 0, bounds) if e]
+        if how != "populate" or (errors and all(e == errno.EINVAL for e in errors)):  # a kernel before 5.14
+            if fd is not None:  # reserve the memfd's pages first: a shortage is an error now, not a SIGBUS later
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
             _run(_touch, bounds)
-            how = "fallocate+touch"
+            how = "fallocate+touch" if fd is not None else "touch"
         elif errors:
-            raise MemoryError(f"background hint index: cannot reserve {hi - lo:,} bytes of shared memory "
-                              f"({os.strerror(errors[0])})")
+            raise MemoryError(f"hint index: cannot fault in {hi - lo:,} bytes of memory ({os.strerror(errors[0])})")
     return dict(seconds=time.perf_counter() - t0, how=how, workers=int(workers), bytes=total,
-                thp_mode=shmem_thp_mode(), madvise_hugepage=advised)
+                thp_mode=thp_mode(THP_SHMEM if fd is not None else THP_ANON), madvise_hugepage=advised)
 
 
 def _touch(a, b):
@@ -173,7 +185,7 @@ def measure(nbytes, workers, mode):
             _touch(arr.ctypes.data, arr.ctypes.data + nbytes)  # and map it, as the build's first writes would
             facts = dict(seconds=time.perf_counter() - t0, how="fallocate", workers=1)
         else:
-            facts = prefault_shared(fd, [arr], workers, huge=mode == "populate+thp")
+            facts = prefault([arr], workers, fd=fd, huge=mode == "populate+thp")
         huge = huge_bytes_mapped(arr.ctypes.data)
         del arr
         buf.close()
@@ -194,7 +206,7 @@ def main(argv=None):
     if nbytes < HUGE_PAGE_BYTES or args.workers < 1 or args.repeats < 1:
         p.error(f"--gib {args.gib} / --workers {args.workers} / --repeats {args.repeats}: expected at least 2 MiB, "
                 f"1 worker and 1 repeat")
-    print(f"shmem THP mode: {shmem_thp_mode()}; hugetlb pool free: {hugetlb_free_bytes() / 2**30:.2f} GiB; "
+    print(f"shmem THP mode: {thp_mode(THP_SHMEM)}; hugetlb pool free: {hugetlb_free_bytes() / 2**30:.2f} GiB; "
           f"{nbytes / 2**30:.2f} GiB, {args.workers} worker(s), {args.repeats} repeat(s), interleaved")
     modes = args.modes.split(",")
     times = {m: [] for m in modes}
