@@ -77,7 +77,7 @@ def test_sealed_lookup_in_claimed_blocks_equals_scan(monkeypatch, block):
     count, blocks that do not divide the query (a short last one), and many blocks or few of the
     real size, the hints are the growing index's scan's."""
     if block:
-        monkeypatch.setattr(hint_index, "SEARCH_BLOCK", block)  # many blocks in a short query
+        monkeypatch.setattr(hint_index, "search_block", lambda n, workers: block)  # many blocks in a short query
     geom = CASES[1][1]
     train = phrase_stream(2, 30000, 12, 300, 12)
     q = phrase_stream(2, 2 * sealed.SEARCH_BLOCK + 777 if block is None else 10_500, 12, 300, 12, pick_seed=1)

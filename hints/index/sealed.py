@@ -52,10 +52,15 @@ SUMMARY_ALIGN = 32  # uint16 words per 64-byte line
 FILTER_WORDS = 8
 FILTER_LOG_BITS = 7
 FILTER_MULT = U64(0x9E3779B97F4A7C15)  # odd (2^64 / golden ratio), unlike the bucket hash's multiplier
-# A sealed lookup's workers claim blocks of this many positions in turn (search_claimed): one
-# sort block of lookup_sorted (which starts afresh at each), so the blocks cost what one range's
-# sort blocks cost; 28 blocks on the 0.9M positions of the standard-library validation split.
+# A sealed lookup's workers claim blocks of positions in turn (search_claimed): at most one sort
+# block of lookup_sorted (which starts afresh at each), so a block costs what a range's sort
+# blocks cost (28 blocks on the 0.9M positions of the standard-library validation split); a
+# shorter query is cut into SEARCH_BLOCKS_PER_WORKER blocks a worker (the prose split's 116k
+# positions in 8 of 14.5k for 2 workers: 4 of 32,768 had left one worker a block behind), but
+# none shorter than SEARCH_MIN_BLOCK.
 SEARCH_BLOCK = GROUP_BLOCK
+SEARCH_BLOCKS_PER_WORKER = 4
+SEARCH_MIN_BLOCK = 4096
 LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer ones binary-searched
 INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
 
@@ -486,6 +491,11 @@ def search_sealed(t0, t1, q, arrays, scratch, out_token, out_count, out_top):
     toks, keys, parts, order, spare, hist, prefix, small_i, small_u = scratch
     lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, partition_bits, bucket_bits, bits, shifts,
                   out_token, out_count, out_top, toks, keys, parts, order, spare, hist, prefix, small_i, small_u)
+
+
+def search_block(n, workers):
+    """Positions a block of search_claimed holds, for a lookup of n positions on `workers` workers."""
+    return min(SEARCH_BLOCK, max(SEARCH_MIN_BLOCK, -(-n // (workers * SEARCH_BLOCKS_PER_WORKER))))
 
 
 @numba.njit(cache=True, nogil=True)
