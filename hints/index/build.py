@@ -31,6 +31,11 @@ U64 = np.uint64
 BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
 FILL_LINE = 32                           # uint16 bucket fills per 64-byte line
 FILL_PREFETCH_STRIDE = 4                 # stage 2 prefetches a line of the next partition's fill every 4 slots
+# Stage 2 places a partition's slots through bucket lines (place_run) when it brings at least a line's
+# worth a bucket: a build's partitions bring ~55 (stage 2 took 0.40x the time at 16 partitions, 0.65x
+# at 2^14, in-process A/B on a Xeon), a record-step add's ~0.16, where nearly every line stays partial
+# (with lines its add took 1.3x the time); below it, each slot is stored alone.
+LINE_MIN_SLOTS_PER_BUCKET = 8
 
 
 @numba.njit(cache=True, nogil=True)
@@ -181,7 +186,7 @@ def staged_sizes(heads, block_len, block_next):
 
 @numba.njit(cache=True, inline="always")
 def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, lines, stamp, base, touched, n_touched,
-              epoch, whole_lines):
+              epoch, whole_lines, use_lines):
     """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
     drop; a bucket that fills up gets its bit in fullp (full_buckets). Returns (drops, the next
     fill line to prefetch, buckets touched so far).
@@ -196,6 +201,8 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
     bucket that already held slots of an earlier add: its other slots are in the table, not in
     `lines` (base[b], the fill when the pass first touched bucket b, says which slots are new),
     and every line of a table whose rows do not start on 64-byte lines (whole_lines false).
+    Without use_lines (a partition with few slots a bucket, where lines would stay partial)
+    each slot is stored alone, with a non-temporal store (no read of its line).
     A bucket's line is this pass's when stamp[b] == epoch, and then b is in touched[:n_touched].
 
     Meanwhile the fill row of the partition to come, fnext, is prefetched: one line every
@@ -211,7 +218,12 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
         b1, b2 = bucket_pair(slot >> shift0, bucket_bits)
         b = b2 if fp[b1] >= slots else b1
         f = np.int64(fp[b])
-        if f < slots:
+        if f < slots and not use_lines:
+            stream_store(tp, b, f, slot)
+            fp[b] = f + 1
+            if f + 1 == slots:
+                fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
+        elif f < slots:
             if stamp[b] != epoch:
                 stamp[b] = epoch
                 base[b] = f
@@ -246,6 +258,23 @@ def flush_lines(tp, fp, lines, base, touched, n_touched):
             stream_store(tp, b, x, lines[b, x & (SLOTS_PER_LINE - 1)])
 
 
+@numba.njit(cache=True, inline="always")
+def partition_slots(p, heads, owner, counts_t, block_len, block_next):
+    """Slots staged for partition p: its chunks' counts, or with one stage-1 worker (no chunks
+    recorded) the lengths of its chain's blocks."""
+    if owner.shape[0] == 0:
+        n = 0
+        b = heads[0, p]
+        while b >= 0:
+            n += block_len[b]
+            b = block_next[b]
+        return n
+    n = 0
+    for c in range(owner.shape[0]):
+        n += np.int64(counts_t[p, c])
+    return n
+
+
 @numba.njit(cache=True, nogil=True)
 def stage2_place(order, claims, arena, block_len, block_next, heads, owner, counts_t, table, fill, full, bucket_bits,
                  shift0, dropped, cursor, lines, stamp, base, touched, epoch):
@@ -278,6 +307,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
         epoch[0] += 1
         ep = epoch[0]
         n_touched = 0
+        use_lines = partition_slots(p, heads, owner, counts_t, block_len, block_next) >= (
+            LINE_MIN_SLOTS_PER_BUCKET * tp.shape[0])
         # the partition this worker takes next, if the workers keep claiming in turn: its fill
         # is prefetched while this one is placed (place_run)
         nxt = c + n_workers
@@ -287,7 +318,7 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
             b = heads[0, p]
             while b >= 0:
                 d, pf, n_touched = place_run(arena[b], 0, block_len[b], tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf,
-                                             lines, stamp, base, touched, n_touched, ep, whole_lines)
+                                             lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
                 drops += d
                 b = block_next[b]
         else:
@@ -302,7 +333,7 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
                     o = off[w]
                     take = min(need, block_len[b] - o)
                     d, pf, n_touched = place_run(arena[b], o, o + take, tp, fp, fullp, slots, bucket_bits, sh0, fnext,
-                                                 pf, lines, stamp, base, touched, n_touched, ep, whole_lines)
+                                                 pf, lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
                     drops += d
                     need -= take
                     o += take

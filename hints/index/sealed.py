@@ -494,7 +494,10 @@ def search_sealed(t0, t1, q, arrays, scratch, out_token, out_count, out_top):
 
 
 def search_block(n, workers):
-    """Positions a block of search_claimed holds, for a lookup of n positions on `workers` workers."""
+    """Positions a block of search_claimed holds, for a lookup of n positions on `workers` workers
+    (one worker: all of them, in one range as lookup_sorted takes it)."""
+    if workers <= 1:
+        return max(n, 1)
     return min(SEARCH_BLOCK, max(SEARCH_MIN_BLOCK, -(-n // (workers * SEARCH_BLOCKS_PER_WORKER))))
 
 
