@@ -7,11 +7,6 @@ import numba
 import numpy as np
 
 from ..kinds import kind_of
-from ..parallel import alloc
-
-# glibc's malloc maps any block over its largest mmap threshold (32 MiB on 64-bit) fresh, and
-# unmaps it when freed: a lookup's outputs past this size come on huge pages instead.
-MALLOC_MMAP_MAX = 32 << 20
 
 
 @dataclasses.dataclass
@@ -28,13 +23,9 @@ def lookup_outputs(K, n):
     """A lookup's output arrays, (K, n) each: token, count, top count (int32), purity (float32),
     kind (int16), carved from one allocation. From malloc, not a fresh mapping: once a caller
     has dropped its last result, the allocator hands the same memory back with no page faults
-    (a fresh huge-page mapping per call paid them on every lookup). Past MALLOC_MMAP_MAX malloc
-    maps fresh memory anyway, on 4 KiB pages where transparent huge pages are on request only:
-    then alloc's mapping, with huge pages asked for (512x fewer faults, which the lookup's
-    workers took on their first writes)."""
+    (a fresh huge-page mapping per call paid them on every lookup)."""
     sizes = [(np.int32, 4), (np.int32, 4), (np.int32, 4), (np.float32, 4), (np.int16, 2)]
-    nbytes = sum(b for _, b in sizes) * K * n
-    buf = alloc((nbytes,), np.uint8) if nbytes > MALLOC_MMAP_MAX else np.empty(nbytes, dtype=np.uint8)
+    buf = np.empty(sum(b for _, b in sizes) * K * n, dtype=np.uint8)
     out, o = [], 0
     for dtype, b in sizes:
         out.append(buf[o:o + b * K * n].view(dtype).reshape(K, n))
