@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hints import Geometry, HintIndex
-from hints.index import lookup, sealed, store
+from hints.index import hint_index, lookup, sealed, store
 from hints.index.reference import slot_of
 from hints.index.sealed import SIDE_MIN_COUNT, summary_words
 
@@ -69,6 +69,25 @@ def test_sealed_equals_scan(case):
     assert (bits <= idx.fill).all() and ((bits > 0) == (idx.fill > 0)).all()
     # the sealed lookup reads long runs' top followers from the side table: counts >= the threshold occur
     assert (before[0].count >= SIDE_MIN_COUNT).any() and (before[0].count[:, 20:] == 1).any()
+
+
+@pytest.mark.parametrize("block", [1000, None])
+def test_sealed_lookup_in_claimed_blocks_equals_scan(monkeypatch, block):
+    """A sealed lookup's workers claim blocks of positions (sealed.search_claimed): with any worker
+    count, blocks that do not divide the query (a short last one), and many blocks or few of the
+    real size, the hints are the growing index's scan's."""
+    if block:
+        monkeypatch.setattr(hint_index, "search_block", lambda n, workers: block)  # many blocks in a short query
+    geom = CASES[1][1]
+    train = phrase_stream(2, 30000, 12, 300, 12)
+    q = phrase_stream(2, 2 * sealed.SEARCH_BLOCK + 777 if block is None else 10_500, 12, 300, 12, pick_seed=1)
+    want = HintIndex(geom, workers=1).add(train).lookup(q)
+    idx = HintIndex(geom, workers=1).add(train).seal()
+    for w in (1, 2, 3):
+        idx.workers = w
+        assert_same_hints(idx.lookup(q), want, f"{w} workers")
+        tok, cnt, top = idx.lookup_counts(q)
+        assert (tok == want.token).all() and (cnt == want.count).all()
 
 
 def test_seal_bytes_do_not_depend_on_workers():

@@ -13,8 +13,10 @@ bytes; 2^14 lines = 1 MiB, the record's L2-resident buffer), or up to 32 with fe
 ownership, no cache line taken: at 2^14 partitions stage 1 went from 9.6-10.1 to 7.8
 ns/token; the record step's add is unchanged). Stage 2 (`stage2_place`): workers claim
 partitions in turn, largest first, take each one's slots in chunk order (= stream order) and
-place each in its first bucket while it has room, else its second, else drop it, with a
-non-temporal store (no read of its line), prefetching the fill of the partition it takes next.
+place each in its first bucket while it has room, else its second, else drop it: through a
+line of 8 per bucket that goes to the table whole, in one non-temporal 64-byte store, once full
+(`place_run`; a partition with few slots a bucket stores each alone), prefetching the fill of
+the partition it takes next.
 So the bytes do not depend on the worker count or on which worker took which chunk or partition. A slot
 whose two buckets are both full already is not staged at all (stage 1 reads one bit per
 bucket, `full_buckets`, which stage 2 keeps current).
@@ -31,6 +33,11 @@ U64 = np.uint64
 BURST = SLOTS_PER_LINE                   # slots per burst line: one 64-byte cache line
 FILL_LINE = 32                           # uint16 bucket fills per 64-byte line
 FILL_PREFETCH_STRIDE = 4                 # stage 2 prefetches a line of the next partition's fill every 4 slots
+# Stage 2 places a partition's slots through bucket lines (place_run) when it brings at least a line's
+# worth a bucket: a build's partitions bring ~55 (stage 2 took 0.40x the time at 16 partitions, 0.65x
+# at 2^14, in-process A/B on a Xeon), a record-step add's ~0.16, where nearly every line stays partial
+# (with lines its add took 1.3x the time); below it, each slot is stored alone.
+LINE_MIN_SLOTS_PER_BUCKET = 8
 
 
 @numba.njit(cache=True, nogil=True)
@@ -180,24 +187,30 @@ def staged_sizes(heads, block_len, block_next):
 
 
 @numba.njit(cache=True, inline="always")
-def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf):
+def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, lines, stamp, base, touched, n_touched,
+              epoch, whole_lines, use_lines):
     """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
-    drop; a bucket that fills up gets its bit in fullp (full_buckets). Meanwhile the fill row of
-    the partition to come, fnext, is prefetched: one line every FILL_PREFETCH_STRIDE slots, from
-    line pf on. Returns (drops, the next line to prefetch).
+    drop; a bucket that fills up gets its bit in fullp (full_buckets). Returns (drops, the next
+    fill line to prefetch, buckets touched so far).
 
-    A partition's fill lines are cold when it starts (an add touched them one step ago), and a
-    slot's store waits for its fill; stores leave the store buffer in order, so one fill miss
-    held back every store behind it (perf: the samples sat on the table store). Prefetched
-    this way, the record step's stage 2 took 0.77x the time (in-process A/B, two runs).
+    Slots are not stored one by one: each goes into its bucket's line of 8 in `lines` (this
+    worker's, one 64-byte line per bucket of a partition: 1 MiB at 2^14 buckets, L2-resident),
+    and a line is streamed to the table whole (stream_line: one 64-byte non-temporal store, no
+    read of the line) once its 8th slot is in (the record's builder does the same). A slot stored
+    alone (an 8-byte non-temporal store into a random line) leaves a partial line in a
+    write-combining buffer, which memory then has to read, merge and write back. The lines a pass
+    does not fill are written slot by slot at its end (flush_lines), as is the first line of a
+    bucket that already held slots of an earlier add: its other slots are in the table, not in
+    `lines` (base[b], the fill when the pass first touched bucket b, says which slots are new),
+    and every line of a table whose rows do not start on 64-byte lines (whole_lines false).
+    Without use_lines (a partition with few slots a bucket, where lines would stay partial)
+    each slot is stored alone, with a non-temporal store (no read of its line).
+    A bucket's line is this pass's when stamp[b] == epoch, and then b is in touched[:n_touched].
 
-    Each slot is written with a non-temporal store (stream_store): its line is not read from
-    memory first, so the store leaves the store buffer without waiting for it, and with
-    slots landing on random lines of a partition far larger than the cache, nothing is lost
-    by not keeping it. Stage 2 against plain stores (in-process A/B): the record step's
-    0.88-0.93x, a build at 16 partitions 0.74x (2 workers 0.88x), at 2^14 0.90x (0.91x).
-    Prefetching the slots' table lines instead made stage 2 slower at every geometry we
-    measured (1.3-1.38x on the record's add)."""
+    Meanwhile the fill row of the partition to come, fnext, is prefetched: one line every
+    FILL_PREFETCH_STRIDE slots, from line pf on. A partition's fill lines are cold when it starts
+    (an add touched them one step ago), and a slot's placement waits for its fill (prefetched so,
+    the record step's stage 2 took 0.77x the time, in-process A/B)."""
     drops = 0
     for i in range(a, e):
         if i % FILL_PREFETCH_STRIDE == 0 and pf < fnext.shape[0]:
@@ -206,32 +219,83 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf):
         slot = row[i]
         b1, b2 = bucket_pair(slot >> shift0, bucket_bits)
         b = b2 if fp[b1] >= slots else b1
-        f = fp[b]
-        if f < slots:
+        f = np.int64(fp[b])
+        if f < slots and not use_lines:
             stream_store(tp, b, f, slot)
             fp[b] = f + 1
             if f + 1 == slots:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
+        elif f < slots:
+            if stamp[b] != epoch:
+                stamp[b] = epoch
+                base[b] = f
+                touched[n_touched] = b
+                n_touched += 1
+            lane = f & (SLOTS_PER_LINE - 1)
+            lines[b, lane] = slot
+            fp[b] = f + 1
+            if lane == SLOTS_PER_LINE - 1:  # the line is complete
+                lo = f - lane
+                if whole_lines and base[b] <= lo:
+                    stream_line(tp, b, lo, lines, b, 0)
+                else:  # its first slots came from an earlier add (or the table's rows are not line-aligned)
+                    for x in range(base[b], f + 1):
+                        stream_store(tp, b, x, lines[b, x & (SLOTS_PER_LINE - 1)])
+            if f + 1 == slots:
+                fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
         else:
             drops += 1
-    return drops, pf
+    return drops, pf, n_touched
+
+
+@numba.njit(cache=True, inline="always")
+def flush_lines(tp, fp, lines, base, touched, n_touched):
+    """Write the slots of the lines this pass left partial (place_run): each touched bucket's
+    last line, from its first new slot on, slot by slot."""
+    for t in range(n_touched):
+        b = touched[t]
+        f = np.int64(fp[b])
+        lane = f & (SLOTS_PER_LINE - 1)
+        for x in range(max(base[b], f - lane), f):
+            stream_store(tp, b, x, lines[b, x & (SLOTS_PER_LINE - 1)])
+
+
+@numba.njit(cache=True, inline="always")
+def partition_slots(p, heads, owner, counts_t, block_len, block_next):
+    """Slots staged for partition p: its chunks' counts, or with one stage-1 worker (no chunks
+    recorded) the lengths of its chain's blocks."""
+    if owner.shape[0] == 0:
+        n = 0
+        b = heads[0, p]
+        while b >= 0:
+            n += block_len[b]
+            b = block_next[b]
+        return n
+    n = 0
+    for c in range(owner.shape[0]):
+        n += np.int64(counts_t[p, c])
+    return n
 
 
 @numba.njit(cache=True, nogil=True)
 def stage2_place(order, claims, arena, block_len, block_next, heads, owner, counts_t, table, fill, full, bucket_bits,
-                 shift0, dropped, cursor):
+                 shift0, dropped, cursor, lines, stamp, base, touched, epoch):
     """One stage-2 worker: claim partitions from `order` (the next unclaimed one each time, from
     the shared counter claims[0]; a worker that finishes early takes the rest, and a late one
     holds up only the partition it is on) and place each one's staged slots in stream order:
     chunk by chunk (counts_t[p, c] slots of partition p from the chain of owner[c], who claimed
     chunk c; stage 1's counts transposed, so a partition's are contiguous), or, with one stage-1
     worker (no chunks recorded), along its chain. Partitions share nothing, so the bytes do not
-    depend on who placed which. cursor (2, workers) is this worker's own, allocated by the
-    caller as stage 1's buffers are."""
+    depend on who placed which. cursor (2, workers), the bucket lines `lines` (buckets, 8) and
+    stamp, base, touched (buckets,) and epoch (1,) (place_run) are this worker's own, allocated
+    by the caller as stage 1's buffers are; epoch[0] counts the partitions it has placed, so
+    that stamps never need clearing."""
     n_workers = heads.shape[0]
     slots = table.shape[2]
     sh0 = U64(shift0)
+    whole_lines = table.ctypes.data % 64 == 0  # rows are whole lines (slots % 8 == 0) from an aligned start
     arena, table, fill, full, cursor = unmanaged(arena), unmanaged(table), unmanaged(fill), unmanaged(full), unmanaged(cursor)
+    lines, stamp, base, touched = unmanaged(lines), unmanaged(stamp), unmanaged(base), unmanaged(touched)
     blk, off = cursor[0], cursor[1]  # each worker chain's block and offset
     while True:
         c = atomic_add(claims, 0, 1)
@@ -242,6 +306,11 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
         tp = table[p]
         fp = fill[p]
         fullp = full[p]
+        epoch[0] += 1
+        ep = epoch[0]
+        n_touched = 0
+        use_lines = partition_slots(p, heads, owner, counts_t, block_len, block_next) >= (
+            LINE_MIN_SLOTS_PER_BUCKET * tp.shape[0])
         # the partition this worker takes next, if the workers keep claiming in turn: its fill
         # is prefetched while this one is placed (place_run)
         nxt = c + n_workers
@@ -250,7 +319,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
         if owner.shape[0] == 0:
             b = heads[0, p]
             while b >= 0:
-                d, pf = place_run(arena[b], 0, block_len[b], tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf)
+                d, pf, n_touched = place_run(arena[b], 0, block_len[b], tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf,
+                                             lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
                 drops += d
                 b = block_next[b]
         else:
@@ -264,7 +334,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
                     b = blk[w]
                     o = off[w]
                     take = min(need, block_len[b] - o)
-                    d, pf = place_run(arena[b], o, o + take, tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf)
+                    d, pf, n_touched = place_run(arena[b], o, o + take, tp, fp, fullp, slots, bucket_bits, sh0, fnext,
+                                                 pf, lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
                     drops += d
                     need -= take
                     o += take
@@ -272,6 +343,7 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
                         blk[w] = block_next[b]
                         o = 0
                     off[w] = o
+        flush_lines(tp, fp, lines, base, touched, n_touched)
         dropped[p] += drops
     store_fence()  # the slots' non-temporal stores are visible to every core from here on
 

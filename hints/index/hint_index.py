@@ -31,7 +31,7 @@ from . import build, lookup, sealed, store
 from .geometry import SLOTS_PER_LINE, Geometry, human_bytes
 from .hashing import HASH_BLOCK, hash_arrays
 from .results import Hints, lookup_outputs, purity_kinds
-from .sealed import search_sealed, search_scratch
+from .sealed import search_block, search_scratch
 from .sizing import STAGE_BLOCK, burst_slots, default_chunk_tokens, stage1_chunk
 
 
@@ -157,10 +157,19 @@ class HintIndex:
                 parts=line_aligned((HASH_BLOCK,), np.uint64),
             ) for _ in range(w)],
             cursors=[line_aligned((2, w), np.int64) for _ in range(w)],  # stage 2: where each is in every chain
+            placing=[dict(  # stage 2: each worker's bucket lines (build.place_run)
+                lines=line_aligned((g.n_buckets, SLOTS_PER_LINE), np.uint64),
+                stamp=line_aligned((g.n_buckets,), np.int64),
+                base=line_aligned((g.n_buckets,), np.int64),
+                touched=line_aligned((g.n_buckets,), np.int64),
+                epoch=line_aligned((1,), np.int64),
+            ) for _ in range(w)],
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
         for ws in st["workers"]:
             ws["burst_fill"][:] = 0
+        for pl in st["placing"]:
+            pl["stamp"][:] = -1
         # stage 1 writes each full burst line to its block with one aligned 64-byte store
         assert st["arena"].ctypes.data % 64 == 0 and STAGE_BLOCK % burst_slots(g) == 0
         fault_in([st["arena"]], w)
@@ -178,7 +187,7 @@ class HintIndex:
         if self._stage is None:
             return 0
         arrays = [v for k, v in self._stage.items() if isinstance(v, np.ndarray) and k != "ext"]
-        arrays += [v for ws in self._stage["workers"] for v in ws.values()] + self._stage["cursors"]
+        arrays += [v for ws in self._stage["workers"] + self._stage["placing"] for v in ws.values()] + self._stage["cursors"]
         return sum(a.nbytes for a in arrays)
 
     def add(self, tokens):
@@ -226,7 +235,7 @@ class HintIndex:
             st["claims"][0] = 0
             run_split(lambda r, w0, w1: [build.stage2_place(  # stage 2: workers claim partitions in turn
                 order, st["claims"], st["arena"], st["block_len"], st["block_next"], heads, owner, counts_t, self.table,
-                self.fill, self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k])
+                self.fill, self._full, g.bucket_bits, int(self._shifts[0]), self._dropped, st["cursors"][k], **st["placing"][k])
                 for k in range(w0, w1)], min(w, order.size), min(w, order.size))
             self.build_seconds["stage1"] += t1 - t0
             self.build_seconds["stage2"] += time.perf_counter() - t1
@@ -308,19 +317,33 @@ class HintIndex:
 
     def lookup_counts(self, tokens, hints=False):
         """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n);
-        with hints=True, Hints (purity and kind computed by each worker right after its range)."""
+        with hints=True, Hints (purity and kind computed by each worker right after its range).
+        A sealed index's workers claim blocks of positions in turn (sealed.search_claimed,
+        sealed.search_block); a growing index's take one contiguous range each (its scan keeps
+        frozen runs across the positions of a range)."""
         q = as_tokens(tokens)
         K, n = self.geom.n_lengths, q.size
         tok, cnt, top, purity, kind = lookup_outputs(K, n)
         g = self.geom
-        arrays = self.search_arrays() if self.sealed else None
+        if self.sealed:
+            arrays = self.search_arrays()
+            claims = line_aligned((1,), np.int64)
+            block = search_block(n, self.workers)
+            workers = max(1, min(self.workers, -(-n // block)))
 
-        def look(r, t0, t1):
-            sc = self._take_scratch()
-            try:
-                if arrays is not None:
-                    search_sealed(t0, t1, q, arrays, search_scratch(sc), tok, cnt, top)
-                else:
+            def search(r, *_):
+                sc = self._take_scratch()
+                try:
+                    sealed.search_claimed(n, q, arrays, search_scratch(sc), tok, cnt, top, purity, kind, hints, claims,
+                                          block)
+                finally:
+                    self._give_scratch(sc)
+
+            run_split(search, workers, workers)
+        else:
+            def look(r, t0, t1):
+                sc = self._take_scratch()
+                try:
                     lookup.with_frozen_runs(sc, K, g.slots)
                     lookup.lookup_scan(
                         t0, t1, q, self.table, self.fill, self._lengths, self._pows, g.partition_bits, g.bucket_bits,
@@ -328,12 +351,12 @@ class HintIndex:
                         sc["order"], sc["spare"], sc["hist"], sc["prefix"], sc["small_i"], sc["small_u"],
                         sc["frozen_keys"], sc["frozen_vals"], sc["frozen_runs"], sc["frozen_tops"],
                         sc["frozen_used"])
-            finally:
-                self._give_scratch(sc)
-            if hints:
-                purity_kinds(t0, t1, cnt, top, purity, kind)
+                finally:
+                    self._give_scratch(sc)
+                if hints:
+                    purity_kinds(t0, t1, cnt, top, purity, kind)
 
-        run_split(look, n, self.workers)
+            run_split(look, n, self.workers)
         if hints:
             return Hints(token=tok, count=cnt, purity=purity, kind=kind)
         return tok, cnt, top
