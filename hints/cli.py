@@ -108,7 +108,9 @@ def bench_tokens(args):
         from data.prose_corpus import build_prose_corpus as build_corpus
     else:
         from data.local_corpus import build_local_corpus as build_corpus
-    corpus = build_corpus(max_train_tokens=args.max_tokens)
+    # the whole corpus, as the demo builds it, read up to --max-tokens: a cap passed to the build would
+    # rebuild the shared corpus in place with fewer tokens, under the demo's feet
+    corpus = build_corpus()
     train = read_all(corpus["train_pattern"], args.max_tokens)
     query = read_all(corpus["val_pattern"], args.query_tokens)
     return train, query, corpus["train_pattern"], f"{corpus_name} corpus ({corpus['src_dir']})"
