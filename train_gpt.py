@@ -182,6 +182,8 @@ def parse_args(argv=None):
     g.add_argument("--ngram-rows", type=count(4), help="rows of the hashed bigram/trigram table (record: 84,602,880)")
     g.add_argument("--val-batch-tokens", type=count(1), help="validation tokens a batch over all ranks (record: 2,097,152)")
     g.add_argument("--no-canonical-mask", action="store_true", help="final validation without the canonical-token mask")
+    g.add_argument("--stop-after", type=count(1), help="train only the first N steps of the --steps schedule, then "
+                   "validate the last iterate (no tail ship; tests and quick checks)")
     g.add_argument("--record-warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="the untimed warm-up over every training configuration, then the full reset")
     g = p.add_argument_group("training")

@@ -11,6 +11,7 @@ of the run's end (the record's come from a separate index over 35B training toke
 and the canonical mask need GPT-2's vocabulary (a smaller --vocab-size, the tests', runs without
 them, and the log says so); no intermediate validation, checkpoints or resume on this path.
 """
+import hashlib
 import json
 import os
 import time
@@ -38,6 +39,15 @@ from train.run import start_run
 from train.val_hints import VAL_FOLLOWERS
 
 DEMO_FILES = "data/local_corpus/train_*.bin"
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every parameter's bytes: equal on all ranks iff they hold the same weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def open_record_data(args, d, log, schedule):
@@ -113,12 +123,14 @@ def record_main(args):
         d.sync()
         log(f"warm-up: steps {warm} in {time.perf_counter() - t0:.1f}s (untimed, then reset)")
 
+    steps = min(schedule.steps, args.stop_after or schedule.steps)  # the steps this run trains
+
     # -- the clock ----------------------------------------------------------------------------------------
     d.barrier()
     d.sync()
     t0 = time.perf_counter()
     if positional is not None and d.local_rank == 0:  # its build is training-side work: on the clock
-        positional.start_build(train_files, schedule.steps, log=log, loader=loader(cut, rank=0))
+        positional.start_build(train_files, steps, log=log, loader=loader(cut, rank=0))
     gpt2_vocab = args.vocab_size >= VOCAB_SIZE
     if gpt2_vocab:
         trainer.prefix_table = torch.from_numpy(prefix_table(cfg.padded_vocab_size)).to(d.device)
@@ -132,14 +144,17 @@ def record_main(args):
                     f"train_time {time.perf_counter() - t0:.1f}s")
             log(line)
 
-    trainer.run(list(range(schedule.steps)), Batches(loader(cut)), on_step=on_step)
+    trainer.run(list(range(steps)), Batches(loader(cut)), on_step=on_step)
     canon_mask = None
     if gpt2_vocab and not args.no_canonical_mask:
         canon_mask = torch.from_numpy(build_canonical_mask(cfg.padded_vocab_size)).to(d.device)
-    optimizers.ship()
+    if steps == schedule.steps:
+        optimizers.ship()
     d.sync()
     train_s = time.perf_counter() - t0
-    log(f"training: {schedule.steps} steps in {train_s:.1f}s; prefix term {'on' if gpt2_vocab else 'off (not GPT-2 vocabulary)'}, "
+    log(f"training: {steps} of {schedule.steps} steps in {train_s:.1f}s; "
+        f"{'tail-averaged weights' if steps == schedule.steps else 'stopped early: the last iterate, no tail ship'}; "
+        f"prefix term {'on' if gpt2_vocab else 'off (not GPT-2 vocabulary)'}, "
         f"canonical mask {'on' if canon_mask is not None else 'off'}")
 
     # -- the final validation (off the clock) -------------------------------------------------------------
@@ -148,7 +163,7 @@ def record_main(args):
         if d.local_rank == 0:
             positional.wait_built()
         d.barrier()
-        trained = positional.trained(schedule.steps)
+        trained = positional.trained(steps)
 
         def val_hints(tokens):
             cells = trained.lookup_cells(tokens, max_followers=VAL_FOLLOWERS, boundary=BOS)
@@ -156,13 +171,14 @@ def record_main(args):
 
     res = trainer.validate(reader, val_hints=val_hints, canon_mask=canon_mask, dist=d)
     hinted = f"{res['val_loss_hints']:.4f}" if res["val_loss_hints"] is not None else "n/a"
-    log(f"step {schedule.steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
-        f"[{res['val_tokens']:,} val tokens, tail-averaged weights, canonical mask "
+    log(f"step {steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
+        f"[{res['val_tokens']:,} val tokens, canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
-                   steps=schedule.steps, tokens_per_step=schedule.tokens_per_step, train_time_s=train_s,
+                   steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step, train_time_s=train_s,
                    warmup=args.record_warmup, no_hints=args.no_hints, canonical_mask=canon_mask is not None,
-                   prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses], **res)
+                   prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
+                   param_digests=d.gather(weights_digest(model)), **res)
     if d.master and args.summary_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
         with open(args.summary_json, "w") as f:
