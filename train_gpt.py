@@ -28,30 +28,32 @@ import numpy as np
 import torch
 
 from data.loader import SPEEDRUN_VAL_TOKENS
+from data.packed_loader import VAL_TOKENS_PER_RANK
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints.index import DEFAULT_LENGTHS, parse_lengths
 from model import HINT_REPRS, RECORD_BACKBONE
 from model.gpt import ATTN_BLOCK_SIZE
+from model.ngram_table import NGRAM_ROWS
 from train import checkpoint
 from train.common import REPO_DIR, keep_freed_memory
 from train.data import open_data, repo_glob
 from train.describe import describe_run
-from train.record_run import record_main
 from train.hint_indexes import open_hint_indexes
 from train.hint_prep import HintPrep
 from train.meter import Meter
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
                         RECORD_STEPS, add_plan_args, plan_for_run)
+from train.record_run import record_main
+from train.record_schedule import BLOCK_TOKENS
+from train.record_schedule import RECORD_STEPS as RECORD_SCHEDULE_STEPS
+from train.record_schedule import TOKENS_PER_STEP as RECORD_TOKENS_PER_STEP
 from train.run import resume, start_run
 from train.step import LLMC_STEPS, build_model
 from train.summary import close_run, run_summary
 from train.sync_points import SyncPoints, sync_point
 from train.val_hints import arm_background
 from train.warmup import warm_up
-from train.record_schedule import BLOCK_TOKENS, RECORD_STEPS as RECORD_SCHEDULE_STEPS, TOKENS_PER_STEP as RECORD_TOKENS_PER_STEP
-from model.ngram_table import NGRAM_ROWS
-from data.packed_loader import VAL_TOKENS_PER_RANK
 
 # The 2025-01-04 record's Muon momentum warm-up (0.85 -> 0.95 over 300 of its 1390 steps), scaled
 # to the article's 270 steps.
@@ -88,7 +90,8 @@ PRESETS = {
     # tokens in batches of 2,097,152 with the canonical mask, with and without the record's hints.
     "record": dict(arch="record", n_layer=11, n_embd=512, n_head=4, steps=RECORD_SCHEDULE_STEPS,
                    tokens_per_step=RECORD_TOKENS_PER_STEP, block_tokens=BLOCK_TOKENS, ngram_rows=NGRAM_ROWS,
-                   val_tokens=SPEEDRUN_VAL_TOKENS, val_batch_tokens=RECORD_VAL_BATCH_TOKENS, hint_lengths=DEFAULT_LENGTHS,
+                   val_tokens=SPEEDRUN_VAL_TOKENS, val_batch_tokens=RECORD_VAL_BATCH_TOKENS,
+                   hint_lengths=DEFAULT_LENGTHS,
                    hint_repr="record", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES, log_every=25,
                    val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
     # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
@@ -180,7 +183,8 @@ def parse_args(argv=None):
     g.add_argument("--block-tokens", type=count(1), help="tokens of an attention block, the unit of the windows and "
                    "document cuts (record: 128)")
     g.add_argument("--ngram-rows", type=count(4), help="rows of the hashed bigram/trigram table (record: 84,602,880)")
-    g.add_argument("--val-batch-tokens", type=count(1), help="validation tokens a batch over all ranks (record: 2,097,152)")
+    g.add_argument("--val-batch-tokens", type=count(1),
+                   help="validation tokens a batch over all ranks (record: 2,097,152)")
     g.add_argument("--no-canonical-mask", action="store_true", help="final validation without the canonical-token mask")
     g.add_argument("--stop-after", type=count(1), help="train only the first N steps of the --steps schedule, then "
                    "validate the last iterate (no tail ship; tests and quick checks)")

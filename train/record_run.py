@@ -140,7 +140,7 @@ def record_main(args):
         losses.append(loss)
         done = step + 1
         if done % args.log_every == 0 or done in (1, schedule.steps):
-            line = (f"step {done}/{schedule.steps} train_loss {loss.item() / T:.4f} "
+            line = (f"step {done}/{schedule.steps} train_loss {loss.item() / T:.4f} (MTP and prefix terms, per token) "
                     f"train_time {time.perf_counter() - t0:.1f}s")
             log(line)
 
@@ -175,7 +175,8 @@ def record_main(args):
         f"[{res['val_tokens']:,} val tokens, canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
-                   steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step, train_time_s=train_s,
+                   steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
+                   train_time_s=train_s,
                    warmup=args.record_warmup, no_hints=args.no_hints, canonical_mask=canon_mask is not None,
                    prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
                    param_digests=d.gather(weights_digest(model)), **res)

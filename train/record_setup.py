@@ -45,7 +45,8 @@ def record_config(args, schedule=None):
     schedule = schedule or record_schedule(args)
     try:
         return RecordConfig(vocab_size=args.vocab_size, model_dim=args.n_embd, n_head=args.n_head,
-                            head_dim=args.n_embd // args.n_head, mlp_hidden=args.n_embd * MLP_RATIO_NUM // MLP_RATIO_DEN,
+                            head_dim=args.n_embd // args.n_head,
+                            mlp_hidden=args.n_embd * MLP_RATIO_NUM // MLP_RATIO_DEN,
                             hint_repr="record", n_hint_kinds=n_cells(len(args.hint_lengths)),
                             ngram_table_rows=args.ngram_rows, initial_windows=schedule.plan(0).window_tokens)
     except (TypeError, ValueError) as e:
