@@ -61,8 +61,9 @@ from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintE
 from model.ngram_table import NGRAM_ROWS
 from model.record_attention import attend
 from model.record_loss import eval_loss, training_loss
-from model.record_residual import (POST_LANES, PRE_LANES, RESID_LAMBDA_INIT, GateNetwork, LastLayerMix,
-                                   PostLoopMix, smear, value_embed_gate)
+from model.record_residual import (GATE_SCALE_INIT, POST_LANES, PRE_LANES, RESID_LAMBDA_INIT, SMEAR_CHANNELS,
+                                   VE_GATE_CHANNELS, GateNetwork, LastLayerMix, PostLoopMix, smear,
+                                   value_embed_gate)
 from model.yarn import RecordRotaries
 
 ARCH = "record"
@@ -165,6 +166,8 @@ def _uniform(shape, bound: float) -> torch.Tensor:
 
 
 class RecordGPT(nn.Module):
+    """The record arch (module docstring). world_size pads the banks to whole ANVIL units per rank."""
+
     def __init__(self, cfg: RecordConfig, *, world_size: int = 1):
         super().__init__()
         if world_size < 1 or (2 * MLP_SLOTS) % world_size:
@@ -192,12 +195,12 @@ class RecordGPT(nn.Module):
         self.attn_out_scale = nn.Parameter(torch.full((N_LAYER,), OUT_SCALE_INIT))
         self.smear_lambda = nn.Parameter(torch.zeros(()))
         self.skip_lambda = nn.Parameter(torch.tensor(SKIP_LAMBDA_INIT))
-        self.smear_gate = nn.Parameter(torch.zeros(1, 12))
+        self.smear_gate = nn.Parameter(torch.zeros(1, SMEAR_CHANNELS))
         self.resid_lambdas = nn.Parameter(torch.full((N_LAYER, 2), RESID_LAMBDA_INIT))  # [:, 0] attention, [:, 1] MLP
         self.post_lambdas = nn.Parameter(torch.ones(N_LAYER, 2))
-        self.ve_gate_bank = nn.Parameter(torch.zeros(len(VE_GATE_LAYERS), H, 12))
+        self.ve_gate_bank = nn.Parameter(torch.zeros(len(VE_GATE_LAYERS), H, 2 * VE_GATE_CHANNELS))
         # gate and mix networks (model/record_residual.py)
-        self.gate_scale = nn.Parameter(torch.tensor(0.1))  # s_g
+        self.gate_scale = nn.Parameter(torch.tensor(GATE_SCALE_INIT))  # s_g
         self.pre_gate = GateNetwork(d, H, PRE_LANES, cfg.gate_hidden)
         self.post_gate = GateNetwork(d, H, POST_LANES, cfg.gate_hidden)
         self.last_mix = LastLayerMix(d, cfg.gate_hidden)
@@ -274,6 +277,17 @@ class RecordGPT(nn.Module):
         """The step-0 rotary tables and windows (the post-warm-up reset)."""
         self.rotaries.reset()
         self.windows = self.cfg.initial_windows
+
+    def reset_fp8(self) -> None:
+        """The MLP's fp8 scale state from scratch (the post-warm-up reset), refreshed from the current weights."""
+        self.fp8_mlp_scales.reset()
+        self.refresh_fp8()
+
+    def get_extra_state(self):
+        return {"windows": list(self.windows)}
+
+    def set_extra_state(self, state) -> None:
+        self.windows = tuple(int(w) for w in state["windows"])
 
     @torch.no_grad()
     def cast_to_record_dtypes(self) -> "RecordGPT":

@@ -1,22 +1,23 @@
-"""The record's optimizers and tail averages on two gloo ranks against one process fed the ranks'
-mean gradient (exact: the gradients are dyadic), bitwise: ANVIL's reduce-scatter / own units /
-all-gather, Adam's all-reduce and lm_head / embed reduce-scatter / all-gather with the untie's
-moment gather, the tail averages' per-shard accumulators and the ship's gather. One spawn runs
-every part (each module's gloo_part); torch.distributed's gloo has reduce_scatter on the torch
+"""The record's optimizers, tail averages and model on two gloo ranks against one process, bitwise:
+ANVIL's reduce-scatter / own units / all-gather, Adam's all-reduce and lm_head / embed reduce-scatter /
+all-gather with the untie's moment gather, the tail averages' per-shard accumulators and the ship's
+gather (one process fed the ranks' mean gradient, exact: the gradients are dyadic), and RecordGPT trained
+with ANVIL and Adam (one process fed what the collectives compute; tests/test_record_gpt.py). One spawn
+runs every part (each module's gloo_part); torch.distributed's gloo has reduce_scatter on the torch
 versions this repo supports, so nothing is emulated."""
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests import test_record_adam, test_record_anvil, test_record_tail_average
+from tests import test_record_adam, test_record_anvil, test_record_gpt, test_record_tail_average
 from tests.record_params import init_gloo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WORLD = 2
 PARTS = {"anvil": test_record_anvil.gloo_part, "adam": test_record_adam.gloo_part,
-         "tail": test_record_tail_average.gloo_part}
+         "tail": test_record_tail_average.gloo_part, "model": test_record_gpt.gloo_part}
 
 
 def _rank(rank, init_file, out):
