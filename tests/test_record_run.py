@@ -4,7 +4,8 @@ In process, on a tiny RecordGPT: the warm-up over every configuration followed b
 trace (the first 3 steps after it, their losses and every weight and table row, equal a run without
 warm-up bit for bit on the CPU); the final validation applies the canonical mask it is given.
 As a script (train_gpt.py --preset demo-record at tiny sizes, on a corpus of GPT-2-id documents made
-here): a few steps with and without the record's hints; two gloo ranks stay in sync."""
+here): a few steps with and without the record's hints; the whole scaled run on two gloo ranks stays
+in sync."""
 import json
 import math
 import os
@@ -124,11 +125,12 @@ def test_validation_applies_the_canonical_mask(small_ids):
 
 
 def script_args(corpus, tmp_path, *extra):
+    """Tiny demo-record flags: 84 steps of 256 tokens, blocks of 16 (documents cut at 112 / 256 / 384)."""
     return ["--preset", "demo-record", "--train-files", str(corpus / "train_*.bin"),
             "--val-files", str(corpus / "val_*.bin"), "--n-embd", "64", "--n-head", "4", "--tokens-per-step", "256",
-            "--block-tokens", "8", "--ngram-rows", "1024", "--val-tokens", "2048", "--val-batch-tokens", "1024",
+            "--block-tokens", "16", "--ngram-rows", "1024", "--val-tokens", "2048", "--val-batch-tokens", "1024",
             "--log-every", "1", "--log-dir", str(tmp_path / "logs"), "--no-canonical-mask", "--no-record-warmup",
-            "--stop-after", "3", "--summary-json", str(tmp_path / "summary.json"), *extra]
+            "--summary-json", str(tmp_path / "summary.json"), *extra]
 
 
 def run_script(args, nproc=1):
@@ -142,7 +144,7 @@ def run_script(args, nproc=1):
 
 @pytest.mark.parametrize("hints", [True, False])
 def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
-    run_script(script_args(corpus, tmp_path, *([] if hints else ["--no-hints"])))
+    run_script(script_args(corpus, tmp_path, "--stop-after", "3", *([] if hints else ["--no-hints"])))
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["arch"] == "record" and s["steps_trained"] == 3 and s["steps"] == STEPS
     assert s["prefix_term"] and len(s["train_losses"]) == 3 and all(map(math.isfinite, s["train_losses"]))
@@ -150,8 +152,11 @@ def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
     assert (s["val_loss_hints"] is not None) == hints
 
 
-def test_demo_record_two_gloo_ranks_stay_in_sync(corpus, tmp_path):
-    run_script(script_args(corpus, tmp_path, "--tokens-per-step", "512"), nproc=2)
+def test_demo_record_two_gloo_ranks_go_through_every_stage_in_sync(corpus, tmp_path):
+    """The whole scaled run (every stage, window and candidate change, the table's cadence switch, the
+    untie, the tail ticks and ship) on two ranks: both end with the same weights."""
+    run_script(script_args(corpus, tmp_path, "--log-every", "21"), nproc=2)
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["world_size"] == 2 and len(set(s["param_digests"])) == 1
+    assert s["world_size"] == 2 and s["steps_trained"] == STEPS and s["tail_shipped"]
+    assert len(set(s["param_digests"])) == 1
     assert math.isfinite(s["val_loss_hints"]) and math.isfinite(s["val_loss_nohints"])

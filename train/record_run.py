@@ -177,7 +177,7 @@ def record_main(args):
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
                    train_time_s=train_s,
-                   warmup=args.record_warmup, no_hints=args.no_hints, canonical_mask=canon_mask is not None,
+                   tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints, canonical_mask=canon_mask is not None,
                    prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
                    param_digests=d.gather(weights_digest(model)), **res)
     if d.master and args.summary_json:
