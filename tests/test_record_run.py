@@ -129,7 +129,7 @@ def script_args(corpus, tmp_path, *extra):
     return ["--preset", "demo-record", "--train-files", str(corpus / "train_*.bin"),
             "--val-files", str(corpus / "val_*.bin"), "--n-embd", "64", "--n-head", "4", "--tokens-per-step", "256",
             "--block-tokens", "16", "--ngram-rows", "1024", "--val-tokens", "2048", "--val-batch-tokens", "1024",
-            "--log-every", "1", "--log-dir", str(tmp_path / "logs"), "--no-canonical-mask", "--no-record-warmup",
+            "--log-every", "1", "--log-dir", str(tmp_path / "logs"), "--no-record-warmup",
             "--summary-json", str(tmp_path / "summary.json"), *extra]
 
 
@@ -144,18 +144,20 @@ def run_script(args, nproc=1):
 
 @pytest.mark.parametrize("hints", [True, False])
 def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
-    run_script(script_args(corpus, tmp_path, "--stop-after", "3", *([] if hints else ["--no-hints"])))
+    """hints: with the canonical mask too (rank 0 builds it beside the steps); without: neither."""
+    off = [] if hints else ["--no-hints", "--no-canonical-mask"]
+    run_script(script_args(corpus, tmp_path, "--stop-after", "3", *off))
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["arch"] == "record" and s["steps_trained"] == 3 and s["steps"] == STEPS
     assert s["prefix_term"] and len(s["train_losses"]) == 3 and all(map(math.isfinite, s["train_losses"]))
     assert s["val_tokens"] == 2048 and math.isfinite(s["val_loss_nohints"])
-    assert (s["val_loss_hints"] is not None) == hints
+    assert (s["val_loss_hints"] is not None) == hints and s["canonical_mask"] == hints
 
 
 def test_demo_record_two_gloo_ranks_go_through_every_stage_in_sync(corpus, tmp_path):
     """The whole scaled run (every stage, window and candidate change, the table's cadence switch, the
     untie, the tail ticks and ship) on two ranks: both end with the same weights."""
-    run_script(script_args(corpus, tmp_path, "--log-every", "21"), nproc=2)
+    run_script(script_args(corpus, tmp_path, "--log-every", "21", "--no-canonical-mask"), nproc=2)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["world_size"] == 2 and s["steps_trained"] == STEPS and s["tail_shipped"]
     assert len(set(s["param_digests"])) == 1

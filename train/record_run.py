@@ -14,6 +14,7 @@ them, and the log says so); no intermediate validation, checkpoints or resume on
 import hashlib
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -39,6 +40,8 @@ from train.run import start_run
 from train.val_hints import VAL_FOLLOWERS
 
 DEMO_FILES = "data/local_corpus/train_*.bin"
+# Threads of the canonical mask's build beside training (the record builds it on the cores its ranks leave).
+CANON_MASK_THREADS = 1
 
 
 def weights_digest(model) -> str:
@@ -48,6 +51,35 @@ def weights_digest(model) -> str:
         h.update(name.encode())
         h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+class CanonicalMaskBuild:
+    """The canonical mask built by rank 0 in a thread (data/canonical_mask.py), started on the clock;
+    result() joins it and broadcasts it to every rank (a collective), on the device."""
+
+    def __init__(self, vocab_size: int, d):
+        self.vocab_size, self.d, self.mask, self.error = vocab_size, d, None, None
+        self.thread = None
+        if d.master:
+            self.thread = threading.Thread(target=self._build, name="canonical-mask-build", daemon=True)
+            self.thread.start()
+
+    def _build(self):
+        try:
+            self.mask = torch.from_numpy(build_canonical_mask(self.vocab_size, threads=CANON_MASK_THREADS))
+        except BaseException as e:  # noqa: BLE001 - result() reports it on the main thread
+            self.error = e
+
+    def result(self) -> torch.Tensor:
+        if self.thread is not None:
+            self.thread.join()
+            if self.error is not None:
+                raise RuntimeError(f"the canonical mask build failed: {self.error!r}") from self.error
+        V = self.vocab_size
+        mask = (self.mask if self.d.master else torch.empty(V, V // 8, dtype=torch.uint8)).to(self.d.device)
+        if self.d.distributed:
+            dist.broadcast(mask, 0)
+        return mask
 
 
 def open_record_data(args, d, log, schedule):
@@ -132,6 +164,9 @@ def record_main(args):
     if positional is not None and d.local_rank == 0:  # its build is training-side work: on the clock
         positional.start_build(train_files, steps, log=log, loader=loader(cut, rank=0))
     gpt2_vocab = args.vocab_size >= VOCAB_SIZE
+    mask = None
+    if gpt2_vocab and not args.no_canonical_mask:  # rank 0 builds it in a thread beside training (the record's)
+        mask = CanonicalMaskBuild(cfg.padded_vocab_size, d)
     if gpt2_vocab:
         trainer.prefix_table = torch.from_numpy(prefix_table(cfg.padded_vocab_size)).to(d.device)
     losses = []
@@ -145,9 +180,7 @@ def record_main(args):
             log(line)
 
     trainer.run(list(range(steps)), Batches(loader(cut)), on_step=on_step)
-    canon_mask = None
-    if gpt2_vocab and not args.no_canonical_mask:
-        canon_mask = torch.from_numpy(build_canonical_mask(cfg.padded_vocab_size)).to(d.device)
+    canon_mask = mask.result() if mask is not None else None
     if steps == schedule.steps:
         optimizers.ship()
     d.sync()
@@ -177,7 +210,8 @@ def record_main(args):
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
                    train_time_s=train_s,
-                   tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints, canonical_mask=canon_mask is not None,
+                   tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints,
+                   canonical_mask=canon_mask is not None,
                    prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
                    param_digests=d.gather(weights_digest(model)), **res)
     if d.master and args.summary_json:
