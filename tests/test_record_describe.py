@@ -32,6 +32,15 @@ def test_record_preset_describes_the_records_model_and_recipe():
     assert card["stages"][2]["candidates"] == [14336, 14336, 24576] and card["stages"][3]["candidates"] is None
     assert card["params"]["total"] == sum(v for k, v in card["params"].items() if k != "total")
     assert card["canonical_mask"] and card["val_tokens"] == 10_485_760
+    memory = card["memory_per_gpu"]  # between steps, activations aside
+    assert memory["ngram_table"] == 11_593_248_768  # model/ngram_table.py: 10.83 GB of rows, 11.59 GB in all
+    assert memory["weights"] == memory["gradients"] < 2 * card["params"]["total"] + 4 * 10 ** 6  # bf16, a few fp32
+    # ANVIL per rank of 8 (RECORD.md section 2's banks qk [32, 256, 512], vo [16, 512, 512], mlp [12, 2, 1792, 512]):
+    # owned units x (two fp32 rails + a uint16 mantissa per weight + an fp32 energy per lane of the longer side)
+    assert memory["anvil_state"] == (4 * (256 * 512 * 10 + 512 * 4) + 2 * (512 * 512 * 10 + 512 * 4)
+                                     + 3 * (1792 * 512 * 10 + 1792 * 4))
+    assert memory["total"] == sum(v for k, v in memory.items() if k not in ("total", "h100_share"))
+    assert 0.1 < memory["h100_share"] < 0.25  # the record's state fits an 80 GB H100 with room for activations
 
 
 def test_steps_scale_the_recipe_and_other_archs_describe_too():

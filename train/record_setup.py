@@ -1,5 +1,6 @@
 """The record arch's run settings from the trainer's flags: its schedule (train/record_schedule.py,
-scaled by --steps), the model's config, and the model card --describe prints (train/describe.py).
+scaled by --steps), the model's config, and the model card --describe prints (train/describe.py),
+with what a GPU holds between steps (train/record_memory.py).
 
 Sizes: --tokens-per-step over the world's ranks is a rank's packed row (16,384 at the record's
 131,072 over 8); --block-tokens is the attention block (128 at the record), the unit of every window
@@ -10,6 +11,7 @@ import os
 
 import torch
 
+from train.record_memory import record_memory_per_gpu
 from train.record_schedule import RecordSchedule
 
 # Ranks a --describe of the record preset assumes when no torchrun environment says otherwise: the
@@ -61,7 +63,11 @@ def record_card(args) -> dict:
         model = RecordGPT(record_config(args), world_size=world)
     card = dict(model.describe())
     recipe = record_schedule(args).describe()
-    recipe.update(world_size=world, tokens_per_rank=tokens_per_rank(args, world),
+    T = tokens_per_rank(args, world)
+    memory = record_memory_per_gpu(model.labelled_params(), world_size=world, ngram_rows=args.ngram_rows,
+                                   dim=args.n_embd, tokens_per_rank=T,
+                                   val_tokens_per_rank=args.val_batch_tokens // world)
+    recipe.update(world_size=world, tokens_per_rank=T, memory_per_gpu=memory,
                   val_tokens=args.val_tokens, canonical_mask=not args.no_canonical_mask,
                   hints=not args.no_hints)
     clash = {k for k in set(card) & set(recipe) if card[k] != recipe[k]}
