@@ -96,8 +96,8 @@ PRESETS = {
                    val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
     # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
     # recipe scaled to 84 steps (every stage and switch in miniature; RecordSchedule's MIN_STEPS).
-    "demo-record": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=2048,
-                        block_tokens=16, ngram_rows=65_536, val_tokens=32_768, val_batch_tokens=8192,
+    "demo-record": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=1024,
+                        block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
                         hint_lengths=DEFAULT_LENGTHS, hint_repr="record",
                         train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                         log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
