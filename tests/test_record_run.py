@@ -4,7 +4,7 @@ In process, on a tiny RecordGPT: the warm-up over every configuration followed b
 trace (the first 3 steps after it, their losses and every weight and table row, equal a run without
 warm-up bit for bit on the CPU); the final validation applies the canonical mask it is given.
 As a script (train_gpt.py --preset demo-record at tiny sizes, on a corpus of GPT-2-id documents made
-here): a few steps with and without the record's hints; the whole scaled run on two gloo ranks stays
+here): a few steps with and without the record's hints, and with hints from a saved index; the whole scaled run on two gloo ranks stays
 in sync."""
 import json
 import math
@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+from data.loader import iter_tokens
 from data.manifest import write_manifest
 from data.packed_loader import PackedLoader, ValidationReader
 from data.shards import write_shard
 from data.tokenizer import EOT_TOKEN
+from hints import Geometry, HintIndex
 from model.ngram_table import NgramTable
 from model.record_gpt import RecordConfig, RecordGPT
 from model.record_loss import SampledSoftmax
@@ -152,6 +154,17 @@ def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
     assert s["prefix_term"] and len(s["train_losses"]) == 3 and all(map(math.isfinite, s["train_losses"]))
     assert s["val_tokens"] == 2048 and math.isfinite(s["val_loss_nohints"])
     assert (s["val_loss_hints"] is not None) == hints and s["canonical_mask"] == hints
+
+
+def test_demo_record_validates_with_a_saved_index(corpus, tmp_path):
+    idx = HintIndex(Geometry.for_tokens(100_000))
+    for chunk in iter_tokens(str(corpus / "train_*.bin")):
+        idx.add(chunk)
+    path = idx.save(str(tmp_path / "val.hints"))
+    run_script(script_args(corpus, tmp_path, "--stop-after", "3", "--no-canonical-mask", "--val-index", path))
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["val_index"] == path and s["hint_tokens_val"] == idx.tokens_added == 70_000
+    assert math.isfinite(s["val_loss_hints"])
 
 
 def test_demo_record_two_gloo_ranks_go_through_every_stage_in_sync(corpus, tmp_path):

@@ -7,7 +7,8 @@ tail ticks, the canonical mask, the tail ship -> the final validation (off the c
 averaged weights, the canonical mask, without and with hints -> the summary.
 
 What is not the record's here: validation hints come from the training stream's positional index as
-of the run's end (the record's come from a separate index over 35B training tokens); the prefix table
+of the run's end, or from a saved index (--val-index, e.g. `python -m hints build` over many training
+tokens; the record's is built on the clock over 35B); the prefix table
 and the canonical mask need GPT-2's vocabulary (a smaller --vocab-size, the tests', runs without
 them, and the log says so); no intermediate validation, checkpoints or resume on this path.
 """
@@ -37,7 +38,7 @@ from train.record_loop import Batches, RecordTrainer, record_hints
 from train.record_optim import RecordOptimizers
 from train.record_setup import record_config, record_schedule, tokens_per_rank
 from train.run import start_run
-from train.val_hints import VAL_FOLLOWERS
+from train.val_hints import VAL_FOLLOWERS, open_val_index
 
 DEMO_FILES = "data/local_corpus/train_*.bin"
 # Threads of the canonical mask's build beside training (the record builds it on the cores its ranks leave).
@@ -191,27 +192,31 @@ def record_main(args):
         f"canonical mask {'on' if canon_mask is not None else 'off'}")
 
     # -- the final validation (off the clock) -------------------------------------------------------------
-    val_hints = None
+    val_hints, val_index = None, None
     if positional is not None:
         if d.local_rank == 0:
             positional.wait_built()
         d.barrier()
-        trained = positional.trained(steps)
+        # --val-index (a saved index, e.g. over many training tokens, as the record's), else the training stream's
+        val_index = (open_val_index(args.val_index, args.hint_lengths, log, record=True) if args.val_index
+                     else positional.trained(steps))
 
         def val_hints(tokens):
-            cells = trained.lookup_cells(tokens, max_followers=VAL_FOLLOWERS, boundary=BOS)
+            cells = val_index.lookup_cells(tokens, max_followers=VAL_FOLLOWERS, boundary=BOS)
             return record_hints(*cells_to_arrays(cells, 1, len(tokens)), d.device)
 
     res = trainer.validate(reader, val_hints=val_hints, canon_mask=canon_mask, dist=d)
     hinted = f"{res['val_loss_hints']:.4f}" if res["val_loss_hints"] is not None else "n/a"
     log(f"step {steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
-        f"[{res['val_tokens']:,} val tokens, canonical mask "
+        f"[{res['val_tokens']:,} val tokens, hints from {'--val-index' if args.val_index else 'the training stream'}, "
+        f"canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
                    train_time_s=train_s,
                    tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints,
-                   canonical_mask=canon_mask is not None,
+                   canonical_mask=canon_mask is not None, val_index=args.val_index if val_index is not None else None,
+                   hint_tokens_val=int(val_index.tokens_added) if val_index is not None else 0,
                    prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
                    param_digests=d.gather(weights_digest(model)), **res)
     if d.master and args.summary_json:
