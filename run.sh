@@ -20,7 +20,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 if [ "$n_gpus" -ge 1 ]; then
-    plan_tokens=$("$PY" train_gpt.py --preset record --plan "$@" | "$PY" -c "import json, sys; print(json.load(sys.stdin)['hint_tokens'])")
+    plan_tokens=$("$PY" train_gpt.py --preset record-2025 --plan "$@" | "$PY" -c "import json, sys; print(json.load(sys.stdin)['hint_tokens'])")
     shards=$(( (plan_tokens + 99999999) / 100000000 ))
     shards=$(( shards < 1 ? 1 : shards ))
     have=$(ls data/fineweb100B/fineweb_train_*.bin 2>/dev/null | wc -l)
@@ -30,11 +30,11 @@ if [ "$n_gpus" -ge 1 ]; then
     fi
     nproc_per_node=$(( n_gpus >= 8 ? 8 : n_gpus ))
     if [ "$n_gpus" -ge 8 ]; then
-        echo "run.sh: $n_gpus CUDA GPUs: record attempt (torchrun --standalone --nproc_per_node=8 train_gpt.py --preset record)"
+        echo "run.sh: $n_gpus CUDA GPUs: record attempt (torchrun --standalone --nproc_per_node=8 train_gpt.py --preset record-2025)"
     else
         echo "run.sh: $n_gpus CUDA GPU(s), fewer than the record's 8: record shape on $n_gpus GPU(s), smaller global batch"
     fi
-    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc_per_node" train_gpt.py --preset record "$@"
+    exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc_per_node" train_gpt.py --preset record-2025 "$@"
 else
     echo "run.sh: no CUDA GPU: CPU demo (train_gpt.py --preset demo; a few minutes on 2 cores)"
     exec "$PY" train_gpt.py --preset demo "$@"

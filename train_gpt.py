@@ -18,6 +18,7 @@ docs/design.md explains the whole; --help lists every flag.
     torchrun --standalone --nproc_per_node=8 train_gpt.py --preset record
 """
 import argparse
+import json
 import os
 import random
 import signal
@@ -27,19 +28,26 @@ import numpy as np
 import torch
 
 from data.loader import SPEEDRUN_VAL_TOKENS
+from data.packed_loader import VAL_TOKENS_PER_RANK
 from data.tokenizer import VOCAB_SIZE
 from data.units import human_tokens, parse_token_count
 from hints.index import DEFAULT_LENGTHS, parse_lengths
 from model import HINT_REPRS, RECORD_BACKBONE
 from model.gpt import ATTN_BLOCK_SIZE
+from model.ngram_table import NGRAM_ROWS
 from train import checkpoint
 from train.common import REPO_DIR, keep_freed_memory
 from train.data import open_data, repo_glob
+from train.describe import describe_run
 from train.hint_indexes import open_hint_indexes
 from train.hint_prep import HintPrep
 from train.meter import Meter
 from train.plan import (FINEWEB100B_TRAIN_TOKENS, RECORD_GLOBAL_BATCH_TOKENS, RECORD_HINT_WORKERS, RECORD_MAX_RANK_BATCH,
                         RECORD_STEPS, add_plan_args, plan_for_run)
+from train.record_run import record_main
+from train.record_schedule import BLOCK_TOKENS
+from train.record_schedule import RECORD_STEPS as RECORD_SCHEDULE_STEPS
+from train.record_schedule import TOKENS_PER_STEP as RECORD_TOKENS_PER_STEP
 from train.run import resume, start_run
 from train.step import LLMC_STEPS, build_model
 from train.summary import close_run, run_summary
@@ -67,13 +75,35 @@ GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 
 # (the record's cells and its positional index) is one flag away: --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
+# The record's validation batch: 262,144 tokens a rank on its 8 ranks (data/packed_loader.py).
+RECORD_VAL_BATCH_TOKENS = 8 * VAL_TOKENS_PER_RANK
+
 PRESETS = {
     # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, 270
     # steps, then one validation (the first 10,485,760 FineWeb val tokens, off the clock) with hints
     # at or below 3.28 as the target. The background index is built on the clock and the final
     # validation waits for it however long it takes (the wait is training time); a builder that
     # died fails the attempt (docs/record.md).
-    "record": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048, hint_lengths=DEFAULT_LENGTHS,
+    # The hinted record (RECORD.md): its 11 x 512 model, 4 heads, the hashed n-gram table, and its recipe
+    # (train/record_schedule.py): 570 steps x 131,072 BOS-aligned packed tokens (16,384 a rank on 8),
+    # ANVIL + Adam, the warm-up then a full reset, tail averages, one final validation of 10,485,760
+    # tokens in batches of 2,097,152 with the canonical mask, with and without the record's hints.
+    "record": dict(arch="record", n_layer=11, n_embd=512, n_head=4, steps=RECORD_SCHEDULE_STEPS,
+                   tokens_per_step=RECORD_TOKENS_PER_STEP, block_tokens=BLOCK_TOKENS, ngram_rows=NGRAM_ROWS,
+                   val_tokens=SPEEDRUN_VAL_TOKENS, val_batch_tokens=RECORD_VAL_BATCH_TOKENS,
+                   hint_lengths=DEFAULT_LENGTHS,
+                   hint_repr="record", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES, log_every=25,
+                   val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
+    # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
+    # recipe scaled to 84 steps (every stage and switch in miniature; RecordSchedule's MIN_STEPS).
+    "demo-record": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=1024,
+                        block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
+                        hint_lengths=DEFAULT_LENGTHS, hint_repr="record",
+                        train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
+                        log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
+    # The January 2025 backbone's record attempt (the previous record preset): speedrun GPT 12 x 768,
+    # 6 heads, seq_len 2048, ~262k tokens a step, 270 steps, hints from the background index.
+    "record-2025": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048, hint_lengths=DEFAULT_LENGTHS,
                    batch_size=None, steps=RECORD_STEPS, val_tokens=SPEEDRUN_VAL_TOKENS,
                    val_every=0, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS, **RECORD_BACKBONE,
                    muon_momentum_warmup=RECORD_MOMENTUM_WARMUP, grad_sync="overlap", compile_mode="regions",
@@ -105,7 +135,7 @@ PRESETS = {
                  train_index_max_tokens=LLMC_TRAIN_INDEX_TOKENS, grad_sync="overlap", compile_mode="regions",
                  hint_repr=DEFAULT_HINT_REPR),
 }
-PLANNED_PRESETS = ("record", "llmc")  # their background index is sized to the node by train/plan.py
+PLANNED_PRESETS = ("record-2025", "llmc")  # their background index is sized to the node by train/plan.py
 
 
 def count(minimum):
@@ -132,7 +162,8 @@ def parse_args(argv=None):
     g.add_argument("--align-documents", action="store_true", help="start every training sequence at an "
                    "end-of-text token within its first seq-len tokens (training-time hints stay causal)")
     g = p.add_argument_group("model")
-    g.add_argument("--arch", choices=("speedrun", "gpt2"), help="speedrun GPT or the llm.c GPT-2 baseline")
+    g.add_argument("--arch", choices=("speedrun", "gpt2", "record"), help="speedrun GPT (January 2025), the llm.c "
+                   "GPT-2 baseline, or the hinted record's model and recipe (train/record_run.py)")
     g.add_argument("--n-layer", type=count(2))
     g.add_argument("--n-embd", type=count(2))
     g.add_argument("--n-head", type=count(1))
@@ -147,6 +178,18 @@ def parse_args(argv=None):
     g.add_argument("--rope", choices=("full", "half"), help="speedrun backbone: rotary on every pair or half of them")
     g.add_argument("--attn-block-size", type=count(1), default=ATTN_BLOCK_SIZE,
                    help="tokens per attention block of --window-attn (the window grows in whole blocks)")
+    g = p.add_argument_group("the record arch (--arch record)")
+    g.add_argument("--tokens-per-step", type=count(1), help="packed tokens a step over all ranks (record: 131,072)")
+    g.add_argument("--block-tokens", type=count(1), help="tokens of an attention block, the unit of the windows and "
+                   "document cuts (record: 128)")
+    g.add_argument("--ngram-rows", type=count(4), help="rows of the hashed bigram/trigram table (record: 84,602,880)")
+    g.add_argument("--val-batch-tokens", type=count(1),
+                   help="validation tokens a batch over all ranks (record: 2,097,152)")
+    g.add_argument("--no-canonical-mask", action="store_true", help="final validation without the canonical-token mask")
+    g.add_argument("--stop-after", type=count(1), help="train only the first N steps of the --steps schedule, then "
+                   "validate the last iterate (no tail ship; tests and quick checks)")
+    g.add_argument("--record-warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="the untimed warm-up over every training configuration, then the full reset")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=count(1), help="optimizer steps (timed)")
     g.add_argument("--warmup-steps", type=count(0), help="untimed steps run first and then undone (compile)")
@@ -192,6 +235,8 @@ def parse_args(argv=None):
     g.add_argument("--save-checkpoint", help="checkpoint path, written at the end (and every --checkpoint-every)")
     g.add_argument("--checkpoint-every", type=count(0), default=0, help="also checkpoint every N steps to PATH_stepN")
     g.add_argument("--resume", help="checkpoint to resume from (the same flags as the saved run)")
+    g.add_argument("--describe", action="store_true", help="print the run's model and recipe as JSON and exit "
+                   "(no data, no GPU, no download)")
     g.add_argument("--wandb", action="store_true", help="log to wandb (offline without WANDB_API_KEY)")
     g.add_argument("--wandb-project", default="ngram-hints-speedrun")
     add_plan_args(p)
@@ -220,6 +265,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.describe:
+        return print(json.dumps(describe_run(args), indent=1))
+    if args.arch == "record":
+        return record_main(args)
     hint_files = repo_glob(args.hint_files or args.train_files)
     plan = None  # the background index sized to this node (or --node-*), before any GPU, data or allocation
     if args.plan or (args.preset in PLANNED_PRESETS and args.val_hints == "background" and args.hint_tokens != 0):

@@ -87,7 +87,7 @@ for run in $RUNS; do
     t=$(date +%s.%N)
     # shellcheck disable=SC2086
     TORCH_LOGS=recompiles timeout "$RUN_TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
-        train_gpt.py --preset record --train-files "$CORPUS/train_*.bin" --val-files "$CORPUS/val_*.bin" \
+        train_gpt.py --preset record-2025 --train-files "$CORPUS/train_*.bin" --val-files "$CORPUS/val_*.bin" \
         --steps "$STEPS" --warmup-steps 10 --batch-size 16 --val-batch-size 16 --val-tokens 524288 \
         --val-every 0 --log-every 10 --hint-tokens 0 --seed 0 --log-dir "$OUT_DIR/logs" $flags "${SHAPE[@]}" \
         --summary-json "$OUT_DIR/ab_$run.json" "${ARGS[@]}" > "$OUT_DIR/ab_$run.log" 2>&1

@@ -13,7 +13,7 @@
 #      this cold start (Numba's first compile, Inductor's of every block variant) fills the
 #      caches the runs below load from.
 #   4. hints (60 s), nohints (50 s): short record-shape runs, the same flags and steps
-#      (--preset record: speedrun GPT 12 layers x 768, 6 heads, seq_len 2048, 16 sequences =
+#      (--preset record-2025: speedrun GPT 12 layers x 768, 6 heads, seq_len 2048, 16 sequences =
 #      32k tokens per step on one GPU, GPU paths on: bf16, torch.compile per block), the background
 #      index built from 12M corpus tokens; the second with --no-hints. TORCH_LOGS=recompiles.
 #      The record's target (val loss with hints <= 3.28) stays on; --val-every 0: one validation.
@@ -73,7 +73,7 @@ CORPUS_FLAGS=()
 phase corpus "${LIMITS[1]}" local_corpus "$CORPUS" "$workers" "${CORPUS_FLAGS[@]}" || die "building the corpus in $CORPUS failed"
 
 # -- 3.-4. the smoke test and the two runs --------------------------------------------------------
-COMMON=(--preset record
+COMMON=(--preset record-2025
         --train-files "$CORPUS/train_*.bin" --val-files "$CORPUS/val_*.bin" --hint-files "$CORPUS/train_*.bin"
         --hint-tokens "$HINT_TOKENS" --steps "$STEPS" --warmup-steps 5 --batch-size 16 --val-batch-size 16
         --val-tokens 524288 --val-every 0 --log-every 10 --bg-wait 30 --seed 0 --log-dir "$OUT_DIR/logs"

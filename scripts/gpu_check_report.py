@@ -8,7 +8,7 @@ steps). Either may be missing (a run that failed or timed out): its column reads
 Recompiles come from NAME.log beside NAME.json when it is there (the run's output with
 TORCH_LOGS=recompiles, as gpu_check.sh writes it). --strict: every summary field and log line the
 report reads must be there (a renamed field fails instead of printing n/a). --dry-run: makes a
-tiny corpus and the two runs on this CPU (train_gpt.py --preset record at tiny shapes, offline),
+tiny corpus and the two runs on this CPU (train_gpt.py --preset record-2025 at tiny shapes, offline),
 then reports on them with --strict. Standard library only (CPU summaries give MFU and GPU memory n/a).
 
 Hint prep is CPU time in the trainer's background prep thread (index lookup + add), not GPU
@@ -35,7 +35,7 @@ FIELDS = ("device", "world_size", "preset", "steps_timed", "global_batch_tokens"
           "log_file", "no_hints", "ranks_in_sync")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --dry-run: the record preset at tiny shapes on the CPU, the flags gpu_check.sh gives
-DRY_FLAGS = ["--preset", "record", "--steps", "2", "--warmup-steps", "0", "--batch-size", "1", "--val-batch-size",
+DRY_FLAGS = ["--preset", "record-2025", "--steps", "2", "--warmup-steps", "0", "--batch-size", "1", "--val-batch-size",
              "1", "--val-tokens", "256", "--val-every", "0", "--log-every", "1", "--bg-wait", "30", "--seed", "0",
              "--hint-tokens", "200K", "--node-ram", "16GiB", "--node-ranks", "1", "--n-embd", "32", "--n-head", "2",
              "--seq-len", "128"]

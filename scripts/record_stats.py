@@ -184,7 +184,7 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=16, help="hinted legs (the article: 16)")
     p.add_argument("--pattern", default="H", help="session order, repeated: H hinted, B baseline (the article: HHB)")
     p.add_argument("--baseline-args", default="--no-hints --hint-tokens 0", help="flags a baseline leg adds to the hinted command")
-    p.add_argument("--preset", default="record")
+    p.add_argument("--preset", default="record-2025")
     p.add_argument("--nproc", type=int, default=8, help="processes per run (1: no torchrun)")
     p.add_argument("--target", type=float, default=TARGET_VAL_LOSS)
     p.add_argument("--out", default="runs/record_stats", help="folder: legs/ (one log per run), summaries/, "

@@ -67,7 +67,7 @@ def trainer(args, tmp_path):
 
 
 def record_args(corpus, *extra):
-    return ["--preset", "record", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
+    return ["--preset", "record-2025", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
             "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
             "--batch-size", "2", "--val-tokens", "2048", "--hint-workers", "1",
             "--attn-block-size", "16", "--value-embeds", "1", "--no-attn-layers", "", "--warmup-steps", "0", *extra]

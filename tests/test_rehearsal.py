@@ -108,7 +108,7 @@ def rehearse(corpus, tmp_path, *extra, kill_builder=False, timeout=RUN_TIMEOUT_S
     """Run the 4-rank record rehearsal; returns (summary, log text, {builder pid: affinity}, killed pids)."""
     summary = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}",
-           str(REPO / "train_gpt.py"), "--preset", "record",
+           str(REPO / "train_gpt.py"), "--preset", "record-2025",
            "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
            "--hint-files", str(corpus / "train_*.bin"),
            "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2",
@@ -138,7 +138,7 @@ def assert_clean(s, builder_pids):
 
 
 def assert_trained_with_hints(s):
-    assert s["preset"] == "record" and s["world_size"] == RANKS and s["steps"] == STEPS
+    assert s["preset"] == "record-2025" and s["world_size"] == RANKS and s["steps"] == STEPS
     assert s["hint_tokens_train"] == STEPS * RANKS * SEQ_LEN  # every rank's index saw the global batches
     assert s["ranks_in_sync"] and len(s["param_digests"]) == RANKS
     assert math.isfinite(s["val_loss_hints"]) and math.isfinite(s["val_loss_nohints"])

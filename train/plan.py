@@ -542,7 +542,7 @@ def plan_for_run(args, hint_files, default_tokens=None, device=None):
         return plan_from_args(args, hint_files, FINEWEB100B_TRAIN_TOKENS, args.hint_workers,
                               index_in_memfd=True, default_tokens=default_tokens, device=device, model=model,
                               train_index_bytes=train_geom.nbytes,
-                              train_seconds=ARTICLE_TRAIN_S if args.preset == "record" else None)
+                              train_seconds=ARTICLE_TRAIN_S if args.preset == "record-2025" else None)
     except PlanError as e:
         raise SystemExit(f"error: {e}") from None
 

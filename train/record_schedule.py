@@ -48,6 +48,8 @@ TAIL_EMA_WINDOW, TAIL_AVG_WINDOW = 142, 119  # tail_average.py (also the bank-bl
 TAIL_AVG_RATE_STEPS = 4.0 / 53.0 * 1194      # tail_average.py TAIL_AVG_RATE = this / 570
 TOKENS_PER_STEP = 8 * 2048 * 8     # config.py batch_size: 131,072 tokens a step, every stage
 FULL_VOCAB = 50304                 # the record's padded vocabulary
+WARMUP_AROUND = (-2, -1, 0, 1)     # train_gpt.py compile_steps: the warm-up's steps around each transition ...
+WARMUP_AFTER_UNTIE = (1, 2, 3)     # ... and after the untie (a new optimizer path for embed)
 
 # The five stages (config.py TRAINING_STAGES; sampled_softmax.py CANDIDATES_BY_STAGE).
 STAGE_TABLE = [
@@ -231,6 +233,18 @@ class RecordSchedule:
                 out.append([st.first_step, *st.window_blocks])
         return out
 
+    def warmup_steps(self) -> list[int]:
+        """The untimed warm-up's steps, ascending (the record's train_gpt.py compile_steps): 0 and 1, the
+        two steps either side of every stage start and every change of the candidate count (from step
+        2), and the three steps after the untie, so that every training configuration (each stage's
+        windows and cut, each sampled-softmax size, tied and untied Adam steps, even and odd steps)
+        runs once before the clock. At 570 steps: 0, 1, 158-161, 338-341, 462-465, 524-527, 558-564."""
+        transitions = {st.first_step for st in self.stages[1:]}
+        transitions |= {s for s in range(1, self.steps) if self.candidates(s) != self.candidates(s - 1)}
+        steps = {0, 1} | {s + o for s in transitions for o in WARMUP_AROUND if 2 <= s + o < self.steps}
+        steps |= {self.untie_step + o for o in WARMUP_AFTER_UNTIE if self.untie_step + o < self.steps}
+        return sorted(steps)
+
     def tail_settings(self) -> dict:
         """The tail averages' step constants (model/tail_average.py TailAverages' keyword arguments)."""
         return dict(total_steps=self.steps, ema_window=self.tail_ema_window, avg_window=self.tail_avg_window,
@@ -250,6 +264,7 @@ class RecordSchedule:
             "switches": self.switches(),
             "fp8_exact_refreshes": self.fp8_exact_refreshes,
             "window_schedule": self.window_schedule(),
+            "warmup_steps": self.warmup_steps(),
             "final_validation": {"window_blocks": list(final.window_blocks), "yarn_rescale": False},
             "tail": self.tail_settings(),
         }

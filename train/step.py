@@ -66,11 +66,9 @@ class TrainStep:
         return loss.detach()
 
 
-def build_model(args, d, total):
-    """(model, the module that trains (compiled or not), optimizers, TrainStep) from the trainer's
-    flags: the arch and its backbone features, hint lengths and representation (their kind or cell
-    count), grad sync and
-    compile mode. Flags that make no valid model end the run in one line."""
+def build_config(args):
+    """The GPTConfig of the trainer's flags: the arch and its backbone features, hint lengths and
+    representation (their kind or cell count). Flags that make no valid model end the run in one line."""
     speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
                     window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
                     attn_block_size=args.attn_block_size)
@@ -83,7 +81,13 @@ def build_model(args, d, total):
                         **(speedrun if args.arch == "speedrun" else {}))
     except ValueError as e:
         raise SystemExit(f"error: model: {e}") from None
-    model = GPT(cfg).to(d.device)
+    return cfg
+
+
+def build_model(args, d, total):
+    """(model, the module that trains (compiled or not), optimizers, TrainStep) from the trainer's
+    flags (build_config), grad sync and compile mode."""
+    model = GPT(build_config(args)).to(d.device)
     if args.arch == "speedrun" and gpu_paths_enabled() and d.cuda:
         model.cast_embeddings(torch.bfloat16)  # the record's bf16 embedding tables (before the optimizers)
     optimizers = build_optimizers(model, arch=args.arch, lr_scale=args.lr_scale, rank=d.rank, world_size=d.world_size,

@@ -24,7 +24,7 @@ def run_summary(run):
     # rank 0's verdict on every rank (it owns node 0's builder, and only the owner measured it at the clock's start)
     # (a record attempt: the record preset with hints and its background index; --no-hints, --hint-tokens 0 and
     # --val-hints exact runs are experiments)
-    attempt = args.preset == "record" and not args.no_hints and run.with_background
+    attempt = args.preset == "record-2025" and not args.no_hints and run.with_background
     record_valid, record_reason = d.broadcast(record_verdict(attempt, meter.last_val, bg_status))
     steps = meter.target[0] if meter.target else run.steps
     digests = d.gather(checkpoint.param_digest(run.model))
