@@ -19,6 +19,7 @@ from data.units import parse_token_count
 from ..index import DEFAULT_LENGTHS, Geometry, HintIndex, parse_lengths
 from ..tokens import read_all
 from .figures import REPEATS, Figure, alternate, timed
+from .peak_memory import measure_memory
 
 
 def fresh_add(geom, w, tokens, prefault=None):
@@ -71,7 +72,6 @@ def ratio(num, den):
 
 
 def main(argv=None):
-    from .speed import measure_memory  # the bench's peak-RSS child
     p = argparse.ArgumentParser(prog="python -m hints.bench.fresh", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", nargs="+", required=True, help=".bin globs or .npy files, concatenated in this order")
     p.add_argument("--max-tokens", type=parse_token_count, default=None, help="use the first N tokens (e.g. 20M)")

@@ -32,11 +32,6 @@ are checked against the vector ceiling's own 2/1 ratio. From this CPU's per-core
 its copy bandwidth, a projection of the record's build (35B tokens on 48 threads in 6.36 s).
 """
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 
@@ -45,43 +40,12 @@ from ..index.sealed import summary_words
 from ..tokens import iter_chunks
 from .figures import MIB, REPEATS, Figure, alternate, timed
 from .limits import compute_ceiling, cpu_info, cpu_text, memcpy_bandwidth, memory_latency, random_writes, vector_ceiling
+from .peak_memory import measure_memory
 from .record import RECORD_ADD, bench_record_step, projection
 from .shares import REPRO_SCALING, REPRO_TOLERANCE, host_shares, host_shares_cpu, reproducibility, share_text
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above hints/bench/
 MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 256 MiB
 MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
-
-
-def _peak_rss():
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from a parent)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("VmHWM not found in /proc/self/status")
-
-
-def _memory_child(geom_json, tokens_path, workers, prefault=None):
-    """Run in a fresh interpreter: peak RSS growth of building an index, as JSON on stdout."""
-    geom = Geometry(**json.loads(geom_json))
-    tokens = np.load(tokens_path)
-    HintIndex(Geometry(2, 4, 8, geom.lengths)).add(tokens[:1000])  # load kernels before the baseline
-    before = _peak_rss()
-    idx = HintIndex(geom, workers=workers, prefault=prefault)
-    idx.add(tokens)
-    print(json.dumps(dict(peak_increase=_peak_rss() - before, index_bytes=geom.nbytes, staging_bytes=idx.staging_bytes())))
-
-
-def measure_memory(geom, tokens, workers, prefault=None):
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "tokens.npy")
-        np.save(path, tokens)
-        code = (f"from hints.bench.speed import _memory_child; "
-                f"_memory_child({json.dumps(geom.to_dict())!r}, {path!r}, {int(workers)}, {prefault!r})")
-        env = dict(os.environ, PYTHONPATH=REPO_ROOT)  # this checkout's hints, installed or not
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_reference(train, query, ref_tokens, ref_query, repeats, log):

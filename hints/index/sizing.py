@@ -2,6 +2,7 @@
 add()'s sub-chunks, and the staging bytes they take (train/plan.py sizes the record's run with them).
 """
 from .build import BURST
+from .geometry import SLOTS_PER_LINE
 from .hashing import HASH_BLOCK
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
@@ -44,11 +45,13 @@ def default_chunk_tokens(geom, workers):
 def staging_nbytes(geom, workers, n, stage1_chunk):
     """Bytes of the staging area HintIndex._staging allocates for sub-chunks of up to n tokens
     (what staging_bytes() then reports; a test checks they agree): the arena of blocks with
-    their lengths and links, the chunk claims, and every worker's chain ends and burst lines."""
+    their lengths and links, the chunk claims, and every worker's chain ends, burst lines and
+    stage-2 bucket lines."""
     P, w = geom.n_partitions, workers
     n_blocks = -(-n // STAGE_BLOCK) + w * P + 1
     n_chunks = -(-n // stage1_chunk) if w > 1 else 0
     shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
     per_worker = P * (5 * 8 + burst_slots(geom) * 8 + 1) + 8  # head, tail, tail_len, full_blocks, staged; bursts; fills; skipped
     per_worker += (3 * HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
+    per_worker += geom.n_buckets * (SLOTS_PER_LINE + 3) * 8 + 8  # stage 2's bucket lines, stamp, base, touched; epoch
     return shared + w * per_worker
