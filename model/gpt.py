@@ -48,7 +48,7 @@ from torch import nn
 
 from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask, compile_attention
 from model.device import configure_compile, gpu_paths_enabled, maybe_compile
-from model.hint_cells import CellHints, record_middle_layer
+from model.hint_cells import RECORD_TABLE_STD, CellHints, record_middle_layer
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
@@ -91,6 +91,7 @@ class GPTConfig:
     n_hint_kinds: int = 0           # required: the kind count, hints.n_kinds(K) (lengths) or hints.n_cells(K) (record)
     hint_repr: str = "lengths"      # "record" or "lengths" (the module docstring)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
+    head_init_std: float = 0.0      # speedrun only: the untied LM head's init std (0: zeros, modded-nanogpt)
     # later-record backbone features (speedrun only; see the module docstring)
     unet_skips: bool = False
     embed_skips: bool = False
@@ -247,12 +248,17 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(vocab, d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.record_hints = cfg.hint_repr == "record"
-        if self.record_hints:  # the token table's init std and the input residual's rms (hint_cells.py)
-            table_std = 1.0 if cfg.arch == "speedrun" else GPT2_INIT_STD
-            self.hints = CellHints(d, cfg.n_hint_kinds, table_std, residual_rms=1.0 if cfg.arch == "speedrun" else table_std)
+        # the scales at init of the table the hints read (the LM head's rows), of the input embedding
+        # and of the residual stream at the input (hint_cells.py, "Units")
+        if cfg.arch == "speedrun":
+            table_std, embed_std, residual_rms = cfg.head_init_std or RECORD_TABLE_STD, 1.0, 1.0
+        else:
+            table_std = embed_std = residual_rms = GPT2_INIT_STD
+        if self.record_hints:
+            self.hints = CellHints(d, cfg.n_hint_kinds, table_std, embed_std, residual_rms)
             self.middle_layer = record_middle_layer(cfg.n_layer)  # INJECT_MIDDLE goes after this block
         else:
-            self.hints = HintEmbedding(d, cfg.n_hint_kinds)
+            self.hints = HintEmbedding(d, cfg.n_hint_kinds, token_units=residual_rms / table_std)
             self.middle_layer = cfg.n_layer // 2 - 1
         # True on the pad columns of the logits (filled with -inf before the loss)
         self.register_buffer("pad_columns", torch.arange(vocab) >= cfg.vocab_size, persistent=False)
@@ -270,7 +276,10 @@ class GPT(nn.Module):
             if cfg.window_attn:
                 compile_attention()  # the GPU path's FlexAttention and mask builder, once, at set-up
             nn.init.normal_(self.wte.weight, std=1.0)   # read through an RMSNorm, so unit scale
-            nn.init.zeros_(self.lm_head.weight)         # modded-nanogpt: zero-init LM head
+            if cfg.head_init_std > 0:
+                nn.init.normal_(self.lm_head.weight, std=cfg.head_init_std)
+            else:
+                nn.init.zeros_(self.lm_head.weight)     # modded-nanogpt: zero-init LM head
         else:
             self.wpe = nn.Embedding(cfg.max_seq_len, d)
             self.blocks = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.n_layer))
@@ -336,11 +345,11 @@ class GPT(nn.Module):
                     or hint_tokens.shape[:2] != idx.shape or hint_tokens.ndim != 3 or hint_weights.shape != hint_tokens.shape):
                 raise ValueError(f"record hints: followers and weights (*{tuple(idx.shape)}, F) and cells "
                                  f"{tuple(idx.shape)}, all given or none")
-            return self.hints(self.wte.weight, idx, hint_tokens, hint_weights, hint_kinds)
+            return self.hints(self.lm_head.weight, idx, hint_tokens, hint_weights, hint_kinds)
         expected = (*idx.shape, self.cfg.n_hint_lengths)
         if hint_tokens is None or hint_kinds is None or hint_tokens.shape != expected or hint_kinds.shape != expected:
             raise ValueError(f"hint_tokens and hint_kinds must both be None or both of shape {expected}")
-        return self.hints(self.wte.weight, idx, hint_tokens, hint_kinds)
+        return self.hints(self.lm_head.weight, idx, hint_tokens, hint_kinds)
 
     def _value_embedding(self, ves, layer):
         """The value embedding block `layer` reads: table i for block i and block n_layer - n + i."""
