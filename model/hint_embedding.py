@@ -11,8 +11,10 @@ has two learned parameters:
 The hint vector of a position is the sum over its lengths of
   trust_amount[kind] * token_units * table[token] + trust_embedding[kind],
 token_units (residual rms / the table's std at init) putting a row in the residual stream's units.
-The rows are read with their gradient (not detached, unlike the record's followers): the head's
-rows then also learn from the hints (docs/design.md, "Which table the hints read", says why).
+The rows are read detached, as the record reads its followers: the head's rows learn from the
+logits only. Read with their gradient, the hint path would put token_units (200 on the speedrun
+arch) times the hint's gradient into the hinted tokens' head rows, beside their logit gradient
+(docs/design.md, "Which table the hints read", has the measurement).
 
 Absent hints (-1) contribute exactly zero, and their backward touches no hot row:
   * the kind tables are read through a one-hot matmul, not a gather, so their gradients are
@@ -20,8 +22,7 @@ Absent hints (-1) contribute exactly zero, and their backward touches no hot row
     absent hint's one-hot row is all zeros, so its amount is exactly 0 and it adds nothing to
     the per-kind trust embeddings;
   * an absent hint's token row is the position's own input token (rows spread like the text), not
-    a clamp to token 0, so the zero-valued adds into the table's gradient do not pile onto one row.
-    The row is multiplied by its amount, 0.
+    a clamp to token 0. The row is multiplied by its amount, 0.
 Since 0 * finite == 0 exactly, a batch with every hint absent gives bitwise the same model
 output as no hints at all.
 
@@ -35,8 +36,9 @@ from torch import nn
 INJECT_EMBED, INJECT_MIDDLE, INJECT_HEAD = 0, 1, 2  # indices into HintEmbedding.scales
 N_INJECTIONS = 3
 
-# Initial values. trust_amount = 1: a hint starts as the hinted token's plain embedding, so its
-# gradient <dL/dh, wte[token]> is nonzero from the first step. trust_embedding = 0: it acts like
+# Initial values. trust_amount = 1: a hint starts as the hinted token's row (in residual units), so
+# its gradient <dL/dh, table[token]> is nonzero as soon as the head's rows are (the speedrun head
+# starts at zero: after its first step). trust_embedding = 0: it acts like
 # a per-kind bias and still gets gradient (the scales are nonzero). Scales = 1: the hint enters
 # at the scale of the embedding table, which is the scale of the residual stream at the input.
 TRUST_AMOUNT_INIT = 1.0
@@ -46,11 +48,10 @@ SCALE_INIT = 1.0
 class HintEmbedding(nn.Module):
     """Learned per-kind trust for hints, and the three injection scales."""
 
-    def __init__(self, n_embd: int, n_kinds: int, token_units: float = 1.0, detach: bool = False):
+    def __init__(self, n_embd: int, n_kinds: int, token_units: float = 1.0):
         super().__init__()
         self.n_kinds = n_kinds
         self.token_units = token_units  # a table row -> residual units (the module docstring)
-        self.detach = detach
         self.trust_amount = nn.Parameter(torch.full((n_kinds,), TRUST_AMOUNT_INIT))
         self.trust_embedding = nn.Parameter(torch.zeros(n_kinds, n_embd))
         self.scales = nn.Parameter(torch.full((N_INJECTIONS,), SCALE_INIT))
@@ -69,8 +70,7 @@ class HintEmbedding(nn.Module):
         kind_onehot = (kinds == torch.arange(self.n_kinds, device=kinds.device)).to(table.dtype)
         amount = (kind_onehot @ self.trust_amount) * self.token_units               # (B, T, K)
         tokens = torch.where(present, hint_tokens, idx.unsqueeze(-1))
-        rows = (table.detach() if self.detach else table)[tokens]                   # (B, T, K, n_embd)
-        hinted = (amount.unsqueeze(-1) * rows).sum(dim=2)                           # (B, T, n_embd)
+        hinted = (amount.unsqueeze(-1) * table.detach()[tokens]).sum(dim=2)         # (B, T, n_embd)
         return hinted + kind_onehot.sum(dim=2) @ self.trust_embedding
 
     def inject(self, x: torch.Tensor, hint: torch.Tensor | None, where: int) -> torch.Tensor:

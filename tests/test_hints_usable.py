@@ -9,6 +9,8 @@ give. docs/design.md ("Which table the hints read") says why the vocabulary is G
 few hundred tokens a hint read from a table the LM head does not see is still decodable, and the
 test would pass on that defect.
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -28,6 +30,11 @@ T = 2 * (1 + DOC)
 POOL = 64              # documents the index holds
 BATCH, STEPS, LR_SCALE = 4, 150, 1.0
 K = len(DEFAULT_LENGTHS)
+# unhinted positions: random tokens, about ln(vocab) = 10.8 nats (less only for the BOS after each
+# fresh document); hinted ones must be this many nats lower. Measured (150 steps): hinted about 2,
+# unhinted about 10, in either representation; main's record path (an untied input table): no gap.
+UNHINTED_FLOOR = 0.75 * math.log(VOCAB)
+MARGIN = 4.0
 
 
 def random_docs(rng, n):
@@ -82,6 +89,23 @@ def train_and_measure(record, steps=STEPS, seed=0):
         losses = F.cross_entropy(model(idx, None, ht, hk, hw).flatten(0, 1), targets.flatten(), reduction="none")
     hinted = hinted.flatten()
     return losses[hinted].mean().item(), losses[~hinted].mean().item()
+
+
+@pytest.mark.parametrize("arch", ["speedrun", "gpt2"])
+@pytest.mark.parametrize("repr_", ["lengths", "record"])
+def test_hints_read_the_table_the_lm_head_reads(arch, repr_):
+    """The hint module gets the LM head's weight (gpt2: wte, tied), never the untied input table."""
+    record = repr_ == "record"
+    model = GPT(GPTConfig(vocab_size=512, n_layer=2, n_head=2, n_embd=16, arch=arch, max_seq_len=8,
+                          hint_repr=repr_, n_hint_kinds=n_cells(K) if record else n_kinds(K), n_hint_lengths=K))
+    seen = []
+    model.hints.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    idx = torch.zeros(1, 8, dtype=torch.long)
+    if record:
+        model(idx, None, torch.zeros(1, 8, 2, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8, 2))
+    else:
+        model(idx, None, torch.zeros(1, 8, K, dtype=torch.long), torch.zeros(1, 8, K, dtype=torch.long))
+    assert len(seen) == 1 and seen[0] is model.lm_head.weight
 
 
 @pytest.mark.parametrize("repr_", ["lengths", "record"])
