@@ -145,6 +145,8 @@ def parse_args(argv=None):
     g.add_argument("--no-attn-layers", type=lambda t: tuple(int(i) for i in t.split(",") if i),
                    help="speedrun backbone: blocks without attention, e.g. 7 ('' for none)")
     g.add_argument("--rope", choices=("full", "half"), help="speedrun backbone: rotary on every pair or half of them")
+    g.add_argument("--head-init-std", type=float, default=0.0, help="speedrun: the LM head's init std (0: zeros, "
+                   "modded-nanogpt's; the hinted record's is 0.005, docs/design.md 'Which table the hints read')")
     g.add_argument("--attn-block-size", type=count(1), default=ATTN_BLOCK_SIZE,
                    help="tokens per attention block of --window-attn (the window grows in whole blocks)")
     g = p.add_argument_group("training")

@@ -24,7 +24,9 @@ biases, LM head tied to the token embedding, N(0, 0.02) init with residual proje
 by 1/sqrt(2 * n_layer), no soft-cap.
 
 Both add a hint vector to the residual stream at three places, in one of two representations
-(GPTConfig.hint_repr):
+(GPTConfig.hint_repr), each reading the hinted tokens' rows, detached, from the table the LM head
+reads (`lm_head.weight`; gpt2 ties it to wte), never from an untied input table the head does not
+see (hint_cells.py says why):
   "record"   the record's (hint_cells.py): one cell per position and its followers' distribution;
              INJECT_EMBED into the raw embedding before its RMSNorm, so x0 carries the hint;
              INJECT_MIDDLE after record_middle_layer(n_layer) blocks (the record: 7 of 11);
@@ -91,7 +93,8 @@ class GPTConfig:
     n_hint_kinds: int = 0           # required: the kind count, hints.n_kinds(K) (lengths) or hints.n_cells(K) (record)
     hint_repr: str = "lengths"      # "record" or "lengths" (the module docstring)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
-    head_init_std: float = 0.0      # speedrun only: the untied LM head's init std (0: zeros, modded-nanogpt)
+    head_init_std: float = 0.0      # speedrun only: the LM head's init std; 0: zeros (modded-nanogpt), the
+                                    # hinted record's 0.005 (model/hint_cells.py RECORD_TABLE_STD)
     # later-record backbone features (speedrun only; see the module docstring)
     unet_skips: bool = False
     embed_skips: bool = False
@@ -124,6 +127,8 @@ class GPTConfig:
                              f"(the first and the last value_embeds blocks read them)")
         if any(not 0 <= i < self.n_layer for i in self.no_attn_layers):
             raise ValueError(f"no_attn_layers={self.no_attn_layers} must be block indices in [0, {self.n_layer})")
+        if self.head_init_std < 0:
+            raise ValueError(f"head_init_std must be >= 0 (0: a zero-initialised head), got {self.head_init_std}")
         if self.attn_block_size < 1:
             raise ValueError(f"attn_block_size must be >= 1, got {self.attn_block_size}")
         if self.arch == "gpt2" and self.speedrun_features():
@@ -132,7 +137,8 @@ class GPTConfig:
     def speedrun_features(self) -> list[str]:
         """Names of the later-record features this config turns on."""
         on = dict(unet_skips=self.unet_skips, embed_skips=self.embed_skips, value_embeds=self.value_embeds > 0,
-                  window_attn=self.window_attn, no_attn_layers=bool(self.no_attn_layers), rope=self.rope != "full")
+                  window_attn=self.window_attn, no_attn_layers=bool(self.no_attn_layers), rope=self.rope != "full",
+                  head_init_std=self.head_init_std > 0)
         return [name for name, enabled in on.items() if enabled]
 
     @property
