@@ -62,9 +62,11 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # before (the article: 28 s), and later hints are dropped, not wrong. A short run gets a small one.
 LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
-# Every preset's hint representation: "lengths" won the CPU A/B (docs/hints_ab.md) on both corpora,
-# every seed, at 40 and 150 steps, so it stays the default and the record preset's too; "record"
-# (the record's cells and its positional index) is one flag away: --hint-repr record.
+# Every preset's hint representation. The CPU A/B that made "lengths" the default measured a port
+# defect (the record's hints read an input table the LM head never saw); its rerun on the fixed code
+# (docs/hints_ab.md) did not finish on a shared 2-core host, so no measurement picks either, and
+# the default stays as it was until one does. "record" (the record's cells and its positional
+# index) is one flag away: --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
 PRESETS = {
