@@ -44,7 +44,8 @@ values, and so Adam's absolute steps, stay in its units:
     (`residual_units`), the hint back in the record's units against a residual of the record's rms.
 On the speedrun arch table_std is the head's init std (GPTConfig.head_init_std) or, for the
 default zero-initialised head, the record's 0.005, the units its rows are taken to grow in; at
-0.005 the cell-embedding and residual factors are 1 and the input one is 200. On gpt2 (one tied table of std 0.02, an unnormed residual of about its size): 4, 1, 0.005.
+0.005 the cell-embedding and residual factors are 1 and the input one is 200. On gpt2 (one tied
+table of std 0.02, an unnormed residual of about its size): 4, 1 and 0.005.
 """
 import torch
 from torch import nn
