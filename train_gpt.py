@@ -64,9 +64,9 @@ LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
 # Every preset's hint representation. The CPU A/B that made "lengths" the default measured a port
 # defect (the record's hints read an input table the LM head never saw); its rerun on the fixed code
-# (docs/hints_ab.md) did not finish on a shared 2-core host, so no measurement picks either, and
-# the default stays as it was until one does. "record" (the record's cells and its positional
-# index) is one flag away: --hint-repr record.
+# (docs/hints_ab.md: one seed, one corpus on a shared 2-core host) put the two 0.013 apart, each
+# about 0.2 below --no-hints, which picks neither, so the default stays as it was until a fuller
+# A/B does. "record" (the record's cells and its positional index): --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
 PRESETS = {
