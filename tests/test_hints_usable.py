@@ -65,14 +65,14 @@ def model_inputs(rows, index, record):
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous(), hints, hinted
 
 
-def train_and_measure(record, steps=STEPS, seed=0, head_init_std=0.0):
+def train_and_measure(record, steps=STEPS, seed=0):
     """Mean loss (hinted positions, unhinted positions) on one more step's rows after `steps` steps."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     new_docs = lambda: rng.integers(0, BOS, size=(BATCH, DOC), dtype=np.uint16)  # no BOS inside
     index = HintIndex(Geometry.preset("tiny"))
     model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=64, max_seq_len=T,
-                          hint_repr="record" if record else "lengths", head_init_std=head_init_std,
+                          hint_repr="record" if record else "lengths",
                           n_hint_kinds=n_cells(K) if record else n_kinds(K), n_hint_lengths=K))
     optimizers = build_optimizers(model, arch="speedrun")
     seen = new_docs()
