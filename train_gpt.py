@@ -70,9 +70,11 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # before (the article: 28 s), and later hints are dropped, not wrong. A short run gets a small one.
 LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
-# Every preset's hint representation: "lengths" won the CPU A/B (docs/hints_ab.md) on both corpora,
-# every seed, at 40 and 150 steps, so it stays the default and the record preset's too; "record"
-# (the record's cells and its positional index) is one flag away: --hint-repr record.
+# Every preset's hint representation. The CPU A/B that made "lengths" the default measured a port
+# defect (the record's hints read an input table the LM head never saw); its rerun on the fixed code
+# (docs/hints_ab.md: one seed, one corpus on a shared 2-core host) put the two 0.013 apart, each
+# about 0.2 below --no-hints, which picks neither, so the default stays as it was until a fuller
+# A/B does. "record" (the record's cells and its positional index): --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
 # The record's validation batch: 262,144 tokens a rank on its 8 ranks (data/packed_loader.py).
@@ -176,6 +178,8 @@ def parse_args(argv=None):
     g.add_argument("--no-attn-layers", type=lambda t: tuple(int(i) for i in t.split(",") if i),
                    help="speedrun backbone: blocks without attention, e.g. 7 ('' for none)")
     g.add_argument("--rope", choices=("full", "half"), help="speedrun backbone: rotary on every pair or half of them")
+    g.add_argument("--head-init-std", type=float, default=0.0, help="speedrun: the LM head's init std (0: zeros, "
+                   "modded-nanogpt's; the hinted record's is 0.005, docs/design.md 'Which table the hints read')")
     g.add_argument("--attn-block-size", type=count(1), default=ATTN_BLOCK_SIZE,
                    help="tokens per attention block of --window-attn (the window grows in whole blocks)")
     g = p.add_argument_group("the record arch (--arch record)")

@@ -24,7 +24,9 @@ biases, LM head tied to the token embedding, N(0, 0.02) init with residual proje
 by 1/sqrt(2 * n_layer), no soft-cap.
 
 Both add a hint vector to the residual stream at three places, in one of two representations
-(GPTConfig.hint_repr):
+(GPTConfig.hint_repr), each reading the hinted tokens' rows, detached, from the table the LM head
+reads (`lm_head.weight`; gpt2 ties it to wte), never from an untied input table the head does not
+see (hint_cells.py says why):
   "record"   the record's (hint_cells.py): one cell per position and its followers' distribution;
              INJECT_EMBED into the raw embedding before its RMSNorm, so x0 carries the hint;
              INJECT_MIDDLE after record_middle_layer(n_layer) blocks (the record: 7 of 11);
@@ -48,7 +50,7 @@ from torch import nn
 
 from model.attention import ATTN_BLOCK_SIZE, BOS_ID, attend, build_mask, compile_attention
 from model.device import configure_compile, gpu_paths_enabled, maybe_compile
-from model.hint_cells import CellHints, record_middle_layer
+from model.hint_cells import RECORD_TABLE_STD, CellHints, record_middle_layer
 from model.hint_embedding import INJECT_EMBED, INJECT_HEAD, INJECT_MIDDLE, HintEmbedding
 
 ARCHS = ("speedrun", "gpt2")
@@ -91,6 +93,8 @@ class GPTConfig:
     n_hint_kinds: int = 0           # required: the kind count, hints.n_kinds(K) (lengths) or hints.n_cells(K) (record)
     hint_repr: str = "lengths"      # "record" or "lengths" (the module docstring)
     logit_softcap: float = 15.0     # speedrun only (0 disables); the gpt2 baseline has none
+    head_init_std: float = 0.0      # speedrun only: the LM head's init std; 0: zeros (modded-nanogpt), the
+                                    # hinted record's 0.005 (model/hint_cells.py RECORD_TABLE_STD)
     # later-record backbone features (speedrun only; see the module docstring)
     unet_skips: bool = False
     embed_skips: bool = False
@@ -123,6 +127,8 @@ class GPTConfig:
                              f"(the first and the last value_embeds blocks read them)")
         if any(not 0 <= i < self.n_layer for i in self.no_attn_layers):
             raise ValueError(f"no_attn_layers={self.no_attn_layers} must be block indices in [0, {self.n_layer})")
+        if self.head_init_std < 0:
+            raise ValueError(f"head_init_std must be >= 0 (0: a zero-initialised head), got {self.head_init_std}")
         if self.attn_block_size < 1:
             raise ValueError(f"attn_block_size must be >= 1, got {self.attn_block_size}")
         if self.arch == "gpt2" and self.speedrun_features():
@@ -131,7 +137,8 @@ class GPTConfig:
     def speedrun_features(self) -> list[str]:
         """Names of the later-record features this config turns on."""
         on = dict(unet_skips=self.unet_skips, embed_skips=self.embed_skips, value_embeds=self.value_embeds > 0,
-                  window_attn=self.window_attn, no_attn_layers=bool(self.no_attn_layers), rope=self.rope != "full")
+                  window_attn=self.window_attn, no_attn_layers=bool(self.no_attn_layers), rope=self.rope != "full",
+                  head_init_std=self.head_init_std > 0)
         return [name for name, enabled in on.items() if enabled]
 
     @property
@@ -247,12 +254,17 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(vocab, d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.record_hints = cfg.hint_repr == "record"
-        if self.record_hints:  # the token table's init std and the input residual's rms (hint_cells.py)
-            table_std = 1.0 if cfg.arch == "speedrun" else GPT2_INIT_STD
-            self.hints = CellHints(d, cfg.n_hint_kinds, table_std, residual_rms=1.0 if cfg.arch == "speedrun" else table_std)
+        # the scales at init of the table the hints read (the LM head's rows), of the input embedding
+        # and of the residual stream at the input (hint_cells.py, "Units")
+        if cfg.arch == "speedrun":
+            table_std, embed_std, residual_rms = cfg.head_init_std or RECORD_TABLE_STD, 1.0, 1.0
+        else:
+            table_std = embed_std = residual_rms = GPT2_INIT_STD
+        if self.record_hints:
+            self.hints = CellHints(d, cfg.n_hint_kinds, table_std, embed_std, residual_rms)
             self.middle_layer = record_middle_layer(cfg.n_layer)  # INJECT_MIDDLE goes after this block
         else:
-            self.hints = HintEmbedding(d, cfg.n_hint_kinds)
+            self.hints = HintEmbedding(d, cfg.n_hint_kinds, token_units=residual_rms / table_std)
             self.middle_layer = cfg.n_layer // 2 - 1
         # True on the pad columns of the logits (filled with -inf before the loss)
         self.register_buffer("pad_columns", torch.arange(vocab) >= cfg.vocab_size, persistent=False)
@@ -270,7 +282,10 @@ class GPT(nn.Module):
             if cfg.window_attn:
                 compile_attention()  # the GPU path's FlexAttention and mask builder, once, at set-up
             nn.init.normal_(self.wte.weight, std=1.0)   # read through an RMSNorm, so unit scale
-            nn.init.zeros_(self.lm_head.weight)         # modded-nanogpt: zero-init LM head
+            if cfg.head_init_std > 0:
+                nn.init.normal_(self.lm_head.weight, std=cfg.head_init_std)
+            else:
+                nn.init.zeros_(self.lm_head.weight)     # modded-nanogpt: zero-init LM head
         else:
             self.wpe = nn.Embedding(cfg.max_seq_len, d)
             self.blocks = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.n_layer))
@@ -336,11 +351,11 @@ class GPT(nn.Module):
                     or hint_tokens.shape[:2] != idx.shape or hint_tokens.ndim != 3 or hint_weights.shape != hint_tokens.shape):
                 raise ValueError(f"record hints: followers and weights (*{tuple(idx.shape)}, F) and cells "
                                  f"{tuple(idx.shape)}, all given or none")
-            return self.hints(self.wte.weight, idx, hint_tokens, hint_weights, hint_kinds)
+            return self.hints(self.lm_head.weight, idx, hint_tokens, hint_weights, hint_kinds)
         expected = (*idx.shape, self.cfg.n_hint_lengths)
         if hint_tokens is None or hint_kinds is None or hint_tokens.shape != expected or hint_kinds.shape != expected:
             raise ValueError(f"hint_tokens and hint_kinds must both be None or both of shape {expected}")
-        return self.hints(self.wte.weight, idx, hint_tokens, hint_kinds)
+        return self.hints(self.lm_head.weight, idx, hint_tokens, hint_kinds)
 
     def _value_embedding(self, ves, layer):
         """The value embedding block `layer` reads: table i for block i and block n_layer - n + i."""

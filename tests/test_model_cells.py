@@ -1,5 +1,5 @@
 """The record's hint representation (model/hint_cells.py) in both archs: an exact no-op without a
-match, gradients to the cell parameters and none into wte through the followers, the injection
+match, gradients to the cell parameters and none into the token tables through the followers, the injection
 points (the input hint inside x0, the middle at 7/11 depth), causality and the optimizer groups."""
 import pytest
 import torch
@@ -72,7 +72,7 @@ def _reorder(cells):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gradients_reach_cells_not_wte_through_followers(arch):
+def test_gradients_reach_cells_not_the_tables_through_followers(arch):
     model = tiny_model(arch)
     train(model, arch, steps=1)
     idx, targets = torch.randint(0, VOCAB, (B, T)), torch.randint(0, VOCAB, (B, T))
@@ -84,10 +84,10 @@ def test_gradients_reach_cells_not_wte_through_followers(arch):
     assert (h.cell_scale.grad[used] != 0).all() and (h.cell_scale.grad[~used] == 0).all()
     assert (h.cell_embedding.grad[used] != 0).any(dim=1).all() and (h.cell_embedding.grad[~used] == 0).all()
     assert (h.scales.grad != 0).all()
-    # the followers' rows are read detached: the hint vector has no path back into wte
-    hint = h(model.wte.weight, idx, followers, weights, cells)
-    assert torch.autograd.grad(hint.sum(), model.wte.weight, allow_unused=True)[0] is None
-    if arch == "speedrun":  # untied: rows that are only followers (never inputs) get no gradient at all
+    # the followers' rows are read detached from the table the LM head reads: no path back into it
+    hint = h(model.lm_head.weight, idx, followers, weights, cells)
+    assert torch.autograd.grad(hint.sum(), model.lm_head.weight, allow_unused=True)[0] is None
+    if arch == "speedrun":  # untied: wte rows that are only followers (never inputs) get no gradient at all
         only_followers = torch.zeros(model.wte.weight.shape[0], dtype=torch.bool)
         only_followers[followers[followers >= 0]] = True
         only_followers[idx.flatten()] = False
@@ -95,19 +95,19 @@ def test_gradients_reach_cells_not_wte_through_followers(arch):
 
 
 def test_weights_are_a_count_weighted_mean():
-    model = tiny_model("speedrun")
+    model = tiny_model("speedrun", head_init_std=0.005)  # the record's head init: rows to average
     h = model.hints
-    wte = model.wte.weight
+    table = model.lm_head.weight
     idx = torch.zeros(1, 1, dtype=torch.long)
     f = torch.tensor([[[7, 9]]])
     c = torch.tensor([[3]])
-    got = h(wte, idx, f, torch.tensor([[[3.0, 1.0]]]), c)
-    want = CELL_SCALE_INIT * (0.75 * wte[7] + 0.25 * wte[9])
+    got = h(table, idx, f, torch.tensor([[[3.0, 1.0]]]), c)
+    want = CELL_SCALE_INIT * (0.75 * table[7] + 0.25 * table[9])
     torch.testing.assert_close(got[0, 0], want.detach())
     # scaling the counts leaves the mean unchanged; a padded follower (-1, 0) adds nothing
-    torch.testing.assert_close(h(wte, idx, f, torch.tensor([[[6.0, 2.0]]]), c), got)
-    one = h(wte, idx, torch.tensor([[[7, -1]]]), torch.tensor([[[5.0, 0.0]]]), c)
-    torch.testing.assert_close(one[0, 0], CELL_SCALE_INIT * wte[7].detach())
+    torch.testing.assert_close(h(table, idx, f, torch.tensor([[[6.0, 2.0]]]), c), got)
+    one = h(table, idx, torch.tensor([[[7, -1]]]), torch.tensor([[[5.0, 0.0]]]), c)
+    torch.testing.assert_close(one[0, 0], CELL_SCALE_INIT * table[7].detach())
 
 
 def test_inits_and_optimizer_groups():

@@ -71,7 +71,7 @@ def build_config(args):
     representation (their kind or cell count). Flags that make no valid model end the run in one line."""
     speedrun = dict(unet_skips=args.unet_skips, embed_skips=args.embed_skips, value_embeds=args.value_embeds,
                     window_attn=args.window_attn, no_attn_layers=args.no_attn_layers, rope=args.rope,
-                    attn_block_size=args.attn_block_size)
+                    attn_block_size=args.attn_block_size, head_init_std=getattr(args, "head_init_std", 0.0))
     K = len(args.hint_lengths)
     repr_ = getattr(args, "hint_repr", "lengths")
     try:
