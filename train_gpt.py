@@ -94,13 +94,14 @@ PRESETS = {
                    tokens_per_step=RECORD_TOKENS_PER_STEP, block_tokens=BLOCK_TOKENS, ngram_rows=NGRAM_ROWS,
                    val_tokens=SPEEDRUN_VAL_TOKENS, val_batch_tokens=RECORD_VAL_BATCH_TOKENS,
                    hint_lengths=DEFAULT_LENGTHS,
-                   hint_repr="record", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES, log_every=25,
+                   hint_repr="record", fp8="on", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
+                   log_every=25,
                    val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
     # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
     # recipe scaled to 84 steps (every stage and switch in miniature; RecordSchedule's MIN_STEPS).
     "demo-record": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=1024,
                         block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
-                        hint_lengths=DEFAULT_LENGTHS, hint_repr="record",
+                        hint_lengths=DEFAULT_LENGTHS, hint_repr="record", fp8="off",
                         train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                         log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
     # The January 2025 backbone's record attempt (the previous record preset): speedrun GPT 12 x 768,
@@ -189,6 +190,9 @@ def parse_args(argv=None):
     g.add_argument("--ngram-rows", type=count(4), help="rows of the hashed bigram/trigram table (record: 84,602,880)")
     g.add_argument("--val-batch-tokens", type=count(1),
                    help="validation tokens a batch over all ranks (record: 2,097,152)")
+    g.add_argument("--fp8", choices=("on", "off"), help="the record's fp8 training GEMMs (model/fp8.py: real fp8 on "
+                   "the GPU path, a quantize round trip on the CPU; record: on, demo-record: off, the CPU round trip "
+                   "being most of a demo step's time)")
     g.add_argument("--no-canonical-mask", action="store_true", help="final validation without the canonical-token mask")
     g.add_argument("--stop-after", type=count(1), help="train only the first N steps of the --steps schedule, then "
                    "validate the last iterate (no tail ship; tests and quick checks)")

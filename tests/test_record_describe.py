@@ -31,7 +31,7 @@ def test_record_preset_describes_the_records_model_and_recipe():
     assert card["switches"]["rail_engage"] == 245 and card["switches"]["untie_after"] == 561
     assert card["stages"][2]["candidates"] == [14336, 14336, 24576] and card["stages"][3]["candidates"] is None
     assert card["params"]["total"] == sum(v for k, v in card["params"].items() if k != "total")
-    assert card["canonical_mask"] and card["val_tokens"] == 10_485_760
+    assert card["canonical_mask"] and card["val_tokens"] == 10_485_760 and card["fp8"] is True
     memory = card["memory_per_gpu"]  # between steps, activations aside
     assert memory["ngram_table"] == 11_593_248_768  # model/ngram_table.py: 10.83 GB of rows, 11.59 GB in all
     assert memory["weights"] == memory["gradients"] < 2 * card["params"]["total"] + 4 * 10 ** 6  # bf16, a few fp32
@@ -48,3 +48,9 @@ def test_steps_scale_the_recipe_and_other_archs_describe_too():
     assert card["steps"] == 285 and [st["first_step"] for st in card["stages"]] == [0, 80, 170, 263, 280]
     demo = describe("--preset", "demo")
     assert demo["arch"] == "speedrun" and demo["steps"] == 300 and demo["params"]["total"] > 0
+
+
+def test_fp8_is_the_records_and_off_in_the_cpu_demo_unless_asked():
+    assert describe("--preset", "demo-record")["fp8"] is False
+    assert describe("--preset", "demo-record", "--fp8", "on")["fp8"] is True
+    assert describe("--preset", "record", "--fp8", "off")["fp8"] is False

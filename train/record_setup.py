@@ -50,7 +50,8 @@ def record_config(args, schedule=None):
                             head_dim=args.n_embd // args.n_head,
                             mlp_hidden=args.n_embd * MLP_RATIO_NUM // MLP_RATIO_DEN,
                             hint_repr="record", n_hint_kinds=n_cells(len(args.hint_lengths)),
-                            ngram_table_rows=args.ngram_rows, initial_windows=schedule.plan(0).window_tokens)
+                            ngram_table_rows=args.ngram_rows, initial_windows=schedule.plan(0).window_tokens,
+                            fp8=getattr(args, "fp8", "on") != "off")
     except (TypeError, ValueError) as e:
         raise SystemExit(f"error: model: {e}") from None
 
