@@ -207,7 +207,8 @@ class RecordGPT(nn.Module):
         self.post_mix = PostLoopMix(d, cfg.gate_hidden, cfg.mix_group_width)
         # hints at the record's three points, scales 0.1 / 8 / 8 at init
         if cfg.hint_repr == "record":
-            self.hints = CellHints(d, cfg.n_hint_kinds, table_std=cfg.embed_std, residual_rms=1.0)
+            # one tied table (the head reads embed^T) and a residual of rms 1: the record's units, every factor 1
+            self.hints = CellHints(d, cfg.n_hint_kinds, table_std=cfg.embed_std, embed_std=cfg.embed_std, residual_rms=1.0)
         else:
             self.hints = HintEmbedding(d, cfg.n_hint_kinds)
             with torch.no_grad():
