@@ -92,15 +92,19 @@ class CellHints(nn.Module):
         followers (B, T, F) int64, -1 padding; weights (B, T, F) their counts, 0 padding;
         cells (B, T) int64, -1 where nothing matched.
         """
+        # in the cell parameters' dtype (float32), the table's rows read into it: the record computes the
+        # follower mean in fp32 from its bf16 table and casts the hint to bf16 (a float32 table: no casts)
+        dtype = self.cell_scale.dtype
         present = followers >= 0
-        w = weights.to(table.dtype).masked_fill(~present, 0)
+        w = weights.to(dtype).masked_fill(~present, 0)
         w = w / w.sum(dim=-1, keepdim=True).clamp_min(1)                                # count-weighted mean
-        rows = table.detach()[torch.where(present, followers, idx.unsqueeze(-1))]         # (B, T, F, d)
+        rows = table.detach()[torch.where(present, followers, idx.unsqueeze(-1))].to(dtype)  # (B, T, F, d)
         mean = (w.unsqueeze(-1) * rows).sum(dim=2)                                      # (B, T, d)
         # (B, T, n_cells) one-hot of the cell; all zeros for -1 (a comparison: no int64 intermediate)
-        onehot = (cells.unsqueeze(-1) == torch.arange(self.n_cells, device=cells.device)).to(table.dtype)
+        onehot = (cells.unsqueeze(-1) == torch.arange(self.n_cells, device=cells.device)).to(dtype)
         scale = onehot @ self.cell_scale                                                # (B, T), 0 where none
-        return scale.unsqueeze(-1) * mean + (onehot @ self.cell_embedding) * self.embedding_units
+        hint = scale.unsqueeze(-1) * mean + (onehot @ self.cell_embedding) * self.embedding_units
+        return hint.to(table.dtype)
 
     def inject(self, x: torch.Tensor, hint: torch.Tensor | None, where: int) -> torch.Tensor:
         """Add the hint vector to x at injection point `where` (INJECT_EMBED: the raw embedding)."""

@@ -413,19 +413,21 @@ def test_sampled_softmax_over_every_class_is_the_full_softmax():
 
 def test_the_records_dtypes_train():
     """cast_to_record_dtypes(): bf16 matrices, tables and networks, float32 scalars, lambdas and hints; the fp8
-    forward and backward run, finite, close to the float32 model's loss. (Without hints: model/hint_cells.py
-    does not yet take a bf16 table.)"""
+    forward and backward run, with the record's cell hints read from the bf16 tied table, finite, close to the
+    float32 model's loss."""
     m = perturbed_model(seed=7, fp8=True)
     idx, targets, ng, _ = batch(seed=7)
-    want = m(idx, targets, cu_seqlens(), ng, windows=WINDOWS).item()
+    hints = cell_hints(seed=7)
+    want = m(idx, targets, cu_seqlens(), ng, windows=WINDOWS, hints=hints).item()
     m.cast_to_record_dtypes()
     m.refresh_fp8()
     for label, params in m.labelled_params().items():
         fp32 = label in ("scalars", "resid_lambdas", "post_lambdas", "s_g", "hint_scales", "hint_embed")
         assert all(p.dtype == (torch.float32 if fp32 else torch.bfloat16) for p in params), label
-    loss = m(idx, targets, cu_seqlens(), ng, windows=WINDOWS)
+    loss = m(idx, targets, cu_seqlens(), ng, windows=WINDOWS, hints=hints)
     loss.backward()
     assert abs(loss.item() - want) / want < 0.05
+    assert m.hints.cell_scale.grad is not None and m.hints.cell_scale.grad.abs().sum() > 0  # the hints took part
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
 
 
