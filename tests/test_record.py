@@ -52,13 +52,16 @@ def long_hint_shards(tmp_path_factory):
 
 
 def trainer(args, tmp_path):
-    """Run train_gpt.py in a fresh interpreter; (exit code, output, summary dict or None, peak RSS bytes)."""
+    """Run train_gpt.py in a fresh interpreter; (exit code, output, summary dict or None, peak RSS bytes).
+    The peak is the interpreter's own VmHWM: getrusage's ru_maxrss survives exec, so a child of a pytest
+    worker that had grown to GBs in earlier tests would report the worker's peak, not its own."""
     summary = tmp_path / "s.json"
     args = [*args, "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary)]
-    code = ("import resource, runpy, sys\n"
+    code = ("import runpy, sys\n"
             f"sys.argv = {[str(REPO / 'train_gpt.py'), *args]!r}\n"
             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-            "finally:\n    print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n")
+            "finally:\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+            "    print('PEAK_RSS_KIB', hwm.split()[1], flush=True)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
                        timeout=RUN_TIMEOUT_S)
     out = p.stdout + p.stderr
