@@ -106,8 +106,7 @@ class RecordTrainer:
         self.optimizers.reset()
         self.sampled.reset()
         self.model.reset_windows()
-        self.model.fp8_mlp_scales.reset()
-        self.model.refresh_fp8()
+        self.model.reset_fp8()
 
     @torch.no_grad()
     def validate(self, reader, *, val_hints=None, canon_mask=None, dist=None) -> dict:
