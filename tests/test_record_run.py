@@ -154,6 +154,7 @@ def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
     assert s["prefix_term"] and len(s["train_losses"]) == 3 and all(map(math.isfinite, s["train_losses"]))
     assert s["val_tokens"] == 2048 and math.isfinite(s["val_loss_nohints"])
     assert (s["val_loss_hints"] is not None) == hints and s["canonical_mask"] == hints
+    assert s["train_tokens"] == 3 * 256 and s["hint_tokens_train"] == (3 * 256 if hints else 0)
 
 
 def test_demo_record_validates_with_a_saved_index(corpus, tmp_path):

@@ -213,6 +213,10 @@ def record_main(args):
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
+                   # every trained token is a packed input (the loader drops remainders); the training-time
+                   # index covers the stream trained on (docs/design.md's summary keys)
+                   train_tokens=steps * schedule.tokens_per_step,
+                   hint_tokens_train=steps * schedule.tokens_per_step if positional is not None else 0,
                    train_time_s=train_s,
                    tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints,
                    canonical_mask=canon_mask is not None, val_index=args.val_index if val_index is not None else None,
