@@ -54,3 +54,9 @@ def test_fp8_is_the_records_and_off_in_the_cpu_demo_unless_asked():
     assert describe("--preset", "demo-record")["fp8"] is False
     assert describe("--preset", "demo-record", "--fp8", "on")["fp8"] is True
     assert describe("--preset", "record", "--fp8", "off")["fp8"] is False
+
+
+def test_the_record_arch_refuses_the_lengths_representation_by_name():
+    p = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo-record", "--hint-repr", "lengths",
+                        "--describe"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--hint-repr" in p.stderr and "'lengths'" in p.stderr

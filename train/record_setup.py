@@ -45,6 +45,9 @@ def record_config(args, schedule=None):
     from hints.kinds import n_cells
     from model.record_gpt import RecordConfig
     schedule = schedule or record_schedule(args)
+    if args.hint_repr != "record":  # its loop looks up the positional index's cells only (train/record_run.py)
+        raise SystemExit(f"error: argument --hint-repr: the record arch takes the record's cells ('record'), "
+                         f"got {args.hint_repr!r}")
     try:
         return RecordConfig(vocab_size=args.vocab_size, model_dim=args.n_embd, n_head=args.n_head,
                             head_dim=args.n_embd // args.n_head,
