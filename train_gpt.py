@@ -81,11 +81,6 @@ DEFAULT_HINT_REPR = "lengths"
 RECORD_VAL_BATCH_TOKENS = 8 * VAL_TOKENS_PER_RANK
 
 PRESETS = {
-    # 8xH100 speedrun shape: speedrun GPT 12 x 768, 6 heads, seq_len 2048, 262k tokens per step, 270
-    # steps, then one validation (the first 10,485,760 FineWeb val tokens, off the clock) with hints
-    # at or below 3.28 as the target. The background index is built on the clock and the final
-    # validation waits for it however long it takes (the wait is training time); a builder that
-    # died fails the attempt (docs/record.md).
     # The hinted record (RECORD.md): its 11 x 512 model, 4 heads, the hashed n-gram table, and its recipe
     # (train/record_schedule.py): 570 steps x 131,072 BOS-aligned packed tokens (16,384 a rank on 8),
     # ANVIL + Adam, the warm-up then a full reset, tail averages, one final validation of 10,485,760
@@ -97,15 +92,11 @@ PRESETS = {
                    hint_repr="record", fp8="on", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
                    log_every=25,
                    val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
-    # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
-    # recipe scaled to 84 steps (every stage and switch in miniature; RecordSchedule's MIN_STEPS).
-    "demo-record": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=1024,
-                        block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
-                        hint_lengths=DEFAULT_LENGTHS, hint_repr="record", fp8="off",
-                        train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
-                        log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
     # The January 2025 backbone's record attempt (the previous record preset): speedrun GPT 12 x 768,
-    # 6 heads, seq_len 2048, ~262k tokens a step, 270 steps, hints from the background index.
+    # 6 heads, seq_len 2048, ~262k tokens a step, 270 steps, then one validation (the first 10,485,760
+    # FineWeb val tokens, off the clock) with hints at or below 3.28 as the target. The background index
+    # is built on the clock and the final validation waits for it however long it takes (the wait is
+    # training time); a builder that died fails the attempt (docs/record.md).
     "record-2025": dict(arch="speedrun", n_layer=12, n_embd=768, n_head=6, seq_len=2048, hint_lengths=DEFAULT_LENGTHS,
                    batch_size=None, steps=RECORD_STEPS, val_tokens=SPEEDRUN_VAL_TOKENS,
                    val_every=0, target_val_loss=SPEEDRUN_TARGET_VAL_LOSS, **RECORD_BACKBONE,
@@ -116,10 +107,18 @@ PRESETS = {
                    hint_repr=DEFAULT_HINT_REPR,
                    bg_seal=False),  # ready as soon as built: sealing is a pass over the table on the clock, and
                                     # only speeds up the validation's lookups, which are off it
-    # CPU demo on the local corpus (Python's standard library, data/local_corpus.py). Measured on
-    # a 2-core box: ~0.6 s per step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768
-    # tokens with and without hints take ~4 minutes.
-    "demo": dict(arch="speedrun", n_layer=4, n_embd=256, n_head=4, seq_len=256, batch_size=2, steps=300,
+    # The record arch on the CPU: a small width and table, documents cut in blocks of 16 tokens, the
+    # recipe scaled to 84 steps (every stage and switch in miniature; RecordSchedule's MIN_STEPS).
+    "demo": dict(arch="record", n_layer=11, n_embd=128, n_head=4, steps=84, tokens_per_step=1024,
+                 block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
+                 hint_lengths=DEFAULT_LENGTHS, hint_repr="record", fp8="off",
+                 train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
+                 log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
+    # The January 2025 backbone's CPU demo on the local corpus (Python's standard library,
+    # data/local_corpus.py; the demo before the record arch). Measured on a 2-core box: ~0.6 s per
+    # step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768 tokens with and without hints
+    # take ~4 minutes.
+    "demo-2025": dict(arch="speedrun", n_layer=4, n_embd=256, n_head=4, seq_len=256, batch_size=2, steps=300,
                  hint_lengths=DEFAULT_LENGTHS, grad_sync="allreduce", compile_mode="model",
                  val_tokens=32_768, val_every=150, val_batch_size=8,
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
@@ -191,7 +190,7 @@ def parse_args(argv=None):
     g.add_argument("--val-batch-tokens", type=count(1),
                    help="validation tokens a batch over all ranks (record: 2,097,152)")
     g.add_argument("--fp8", choices=("on", "off"), help="the record's fp8 training GEMMs (model/fp8.py: real fp8 on "
-                   "the GPU path, a quantize round trip on the CPU; record: on, demo-record: off, the CPU round trip "
+                   "the GPU path, a quantize round trip on the CPU; record: on, demo: off, the CPU round trip "
                    "being most of a demo step's time)")
     g.add_argument("--no-canonical-mask", action="store_true", help="final validation without the canonical-token mask")
     g.add_argument("--stop-after", type=count(1), help="train only the first N steps of the --steps schedule, then "
@@ -295,7 +294,7 @@ def main(argv=None):
     args.val_batch_size = args.val_batch_size or args.batch_size
     B, T, total = args.batch_size, args.seq_len, args.steps
     run.train_files, _, run.loader, run.val_tokens = open_data(
-        args, d, log, local_corpus=args.preset == "demo" and args.train_files == PRESETS["demo"]["train_files"])
+        args, d, log, local_corpus=args.preset == "demo-2025" and args.train_files == PRESETS["demo-2025"]["train_files"])
 
     # -- model and optimizers --------------------------------------------------------------------
     torch.manual_seed(args.seed), np.random.seed(args.seed), random.seed(args.seed)

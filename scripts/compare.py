@@ -8,7 +8,7 @@ train_gpt.py twice as subprocesses with the same arguments, once as given and on
 --no-hints, reads their --summary-json files, checks that both trained the same steps on the
 same tokens, and prints a Markdown table and writes JSON.
 
-    python scripts/compare.py --out runs/compare -- --preset demo --steps 300
+    python scripts/compare.py --out runs/compare -- --preset demo-2025 --steps 300
     python scripts/compare.py --nproc 8 --out runs/compare -- --preset record-2025
 
 Every argument this script does not know goes to train_gpt.py verbatim (a `--` before them is

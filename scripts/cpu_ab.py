@@ -187,7 +187,7 @@ def run_cell(out, corpus, arm, seed, recipe, threads):
     if summary.exists():
         return summary
     train, val = CORPORA[corpus]
-    cmd = [sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo", "--train-files", str(REPO / train),
+    cmd = [sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo-2025", "--train-files", str(REPO / train),
            "--val-files", str(REPO / val), "--hint-tokens", "0",
            *(["--val-index", str(val_index(out, corpus))] if arm != "nohints" else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
@@ -234,7 +234,7 @@ def hints_table(out):
         return [b[s][base_key] - a[s][key] for s in sorted(a.keys() & b.keys())
                 if a[s][key] is not None and b[s][base_key] is not None]
 
-    lines = [f"recipe: train_gpt.py --preset demo {' '.join(recipe)}".rstrip(), "",
+    lines = [f"recipe: train_gpt.py --preset demo-2025 {' '.join(recipe)}".rstrip(), "",
              "| corpus | arm | val loss with hints | val loss without hints | gain over --no-hints (paired) | ms/step |",
              "|---|---|---|---|---|---|"]
     for (corpus, arm), rs in sorted(runs.items()):

@@ -15,7 +15,7 @@ VOCAB = 512
 def test_compare_reports_three_finite_losses(tmp_path, phrase_corpus):
     phrase_corpus(tmp_path, {"train_000000.bin": 30_000, "val_000000.bin": 5_000}, VOCAB, n_phrases=100)
     out = tmp_path / "compare"
-    train_args = ["--preset", "demo", "--train-files", str(tmp_path / "train_*.bin"),
+    train_args = ["--preset", "demo-2025", "--train-files", str(tmp_path / "train_*.bin"),
                   "--val-files", str(tmp_path / "val_*.bin"), "--vocab-size", str(VOCAB), "--n-layer", "2",
                   "--n-embd", "32", "--n-head", "2", "--seq-len", "32", "--batch-size", "2", "--steps", "4",
                   "--val-every", "0", "--val-tokens", "512", "--val-batch-size", "4", "--hint-tokens", "0",

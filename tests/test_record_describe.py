@@ -47,16 +47,18 @@ def test_steps_scale_the_recipe_and_other_archs_describe_too():
     card = describe("--preset", "record", "--steps", "285")
     assert card["steps"] == 285 and [st["first_step"] for st in card["stages"]] == [0, 80, 170, 263, 280]
     demo = describe("--preset", "demo")
-    assert demo["arch"] == "speedrun" and demo["steps"] == 300 and demo["params"]["total"] > 0
+    assert demo["arch"] == "record" and demo["steps"] == 84 and demo["model_dim"] == 128
+    old = describe("--preset", "demo-2025")
+    assert old["arch"] == "speedrun" and old["steps"] == 300 and old["params"]["total"] > 0
 
 
 def test_fp8_is_the_records_and_off_in_the_cpu_demo_unless_asked():
-    assert describe("--preset", "demo-record")["fp8"] is False
-    assert describe("--preset", "demo-record", "--fp8", "on")["fp8"] is True
+    assert describe("--preset", "demo")["fp8"] is False
+    assert describe("--preset", "demo", "--fp8", "on")["fp8"] is True
     assert describe("--preset", "record", "--fp8", "off")["fp8"] is False
 
 
 def test_the_record_arch_refuses_the_lengths_representation_by_name():
-    p = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo-record", "--hint-repr", "lengths",
+    p = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo", "--hint-repr", "lengths",
                         "--describe"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "--hint-repr" in p.stderr and "'lengths'" in p.stderr

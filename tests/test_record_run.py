@@ -3,7 +3,7 @@
 In process, on a tiny RecordGPT: the warm-up over every configuration followed by the reset leaves no
 trace (the first 3 steps after it, their losses and every weight and table row, equal a run without
 warm-up bit for bit on the CPU); the final validation applies the canonical mask it is given.
-As a script (train_gpt.py --preset demo-record at tiny sizes, on a corpus of GPT-2-id documents made
+As a script (train_gpt.py --preset demo at tiny sizes, on a corpus of GPT-2-id documents made
 here): a few steps with and without the record's hints, and with hints from a saved index; the whole scaled run on two gloo ranks stays
 in sync."""
 import json
@@ -127,8 +127,8 @@ def test_validation_applies_the_canonical_mask(small_ids):
 
 
 def script_args(corpus, tmp_path, *extra):
-    """Tiny demo-record flags: 84 steps of 256 tokens, blocks of 16 (documents cut at 112 / 256 / 384)."""
-    return ["--preset", "demo-record", "--train-files", str(corpus / "train_*.bin"),
+    """Tiny demo flags: 84 steps of 256 tokens, blocks of 16 (documents cut at 112 / 256 / 384)."""
+    return ["--preset", "demo", "--train-files", str(corpus / "train_*.bin"),
             "--val-files", str(corpus / "val_*.bin"), "--n-embd", "64", "--n-head", "4", "--tokens-per-step", "256",
             "--block-tokens", "16", "--ngram-rows", "1024", "--val-tokens", "2048", "--val-batch-tokens", "1024",
             "--log-every", "1", "--log-dir", str(tmp_path / "logs"), "--no-record-warmup",

@@ -34,7 +34,7 @@ def llmc_folder(folder, train_tokens=30_000, val_tokens=5_000, seed=0):
 
 
 def train(folder, logs, *extra, prefix=()):
-    cmd = [*prefix, sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo",
+    cmd = [*prefix, sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo-2025",
            "--train-files", str(folder / "fineweb_train_*.bin"), "--val-files", str(folder / "fineweb_val_*.bin"),
            "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
            "--batch-size", "2", "--val-tokens", "2048", "--val-batch-size", "4", "--hint-tokens", "0",

@@ -40,7 +40,7 @@ def corpus(tmp_path_factory, phrase_corpus):
 
 
 def tiny_args(corpus, tmp_path, *extra):
-    return ["--preset", "demo", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
+    return ["--preset", "demo-2025", "--train-files", str(corpus / "train_*.bin"), "--val-files", str(corpus / "val_*.bin"),
             "--vocab-size", str(VOCAB), "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
             "--val-tokens", "2048", "--val-batch-size", "4", "--log-every", "1", "--hint-tokens", "0",
             "--log-dir", str(tmp_path / "logs"), *extra]
@@ -214,7 +214,7 @@ def test_demo_preset_small_budget(tmp_path):
     out = tmp_path / "corpus"
     build_local_corpus(src_dir=os.path.join(stdlib_dir(), "email"), out_dir=str(out), progress=False)
     summary = tmp_path / "demo.json"
-    run(["--preset", "demo", "--train-files", str(out / "train_*.bin"), "--val-files", str(out / "val_*.bin"),
+    run(["--preset", "demo-2025", "--train-files", str(out / "train_*.bin"), "--val-files", str(out / "val_*.bin"),
              "--steps", "20", "--val-every", "10", "--val-tokens", "1024", "--hint-tokens", "0",
              "--log-dir", str(tmp_path / "logs"), "--summary-json", str(summary)])
     s = json.loads(summary.read_text())
