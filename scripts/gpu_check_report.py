@@ -14,8 +14,9 @@ preset at tiny shapes, 3 steps, offline), then reports on them with --strict. St
 
 ms/step, tokens/s and MFU are the timed steps' (the clock's start to the last step, after a device
 sync), without the tail ship and the canonical mask's join after them. The hint lookups' time is the
-loop's wall time in the positional index's lookups and their copy to the device, on the training
-loop's thread: part of step time unless the GPU is still busy with earlier work. The GPU-side cost of
+loop's wall time in the positional index's lookups (with any wait for the index, built on the clock,
+to cover the step) and their copy to the device, on the training loop's thread: part of step time
+unless the GPU is still busy with earlier work. The GPU-side cost of
 the whole hint path (lookups, the hint inputs in the model) is the hinted run's ms/step against the
 --no-hints run's.
 """

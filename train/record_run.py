@@ -165,7 +165,7 @@ def record_main(args):
     if not args.no_hints:
         positional = PositionalHints(node_directory(run.run_id, d.node), 1, T, d.rank, d.world_size,
                                      args.hint_lengths)
-    hint_s = [0.0]  # the loop's wall time in the hint lookups (and their copy to the device), timed steps only
+    hint_s = [0.0]  # the loop's wall time in the hint lookups (any wait for the index, the copy to the device)
 
     def hints(batch, step):
         t = time.perf_counter()
