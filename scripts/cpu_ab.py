@@ -25,7 +25,7 @@ The hinted arms validate with hints from the same saved HintIndex over the corpu
 training split (OUT/<corpus>.idx, built once, --val-index; the record's arm reads it as cells), and
 each run reports val loss with and without hints. Runs
 whose JSON exists are skipped, so the grid can be stopped and resumed; --table prints the
-markdown table (mean +- standard deviation over seeds) from whatever JSON is there.
+markdown table (median over seeds, [lowest, highest]) from whatever JSON is there.
     python scripts/cpu_ab.py --hints runs/hints_ab --seeds 0,1,2 [--recipe-args "--steps 300"]
     python scripts/cpu_ab.py --hints runs/hints_ab --table
 (build the corpora first: python -m data.local_corpus; python -m data.prose_corpus)
@@ -245,7 +245,7 @@ def step_ms(summary):
 
 def hints_table(out):
     """Markdown: per corpus and arm, val loss with / without hints, and the gain over the no-hints arm
-    paired by seed (same init and batches), mean +- sd over the seeds found."""
+    paired by seed (same init and batches): the median over the seeds found and [lowest, highest]."""
     out = Path(out)
     runs = {}
     for f in sorted(out.glob("*-s*.json")):
@@ -257,8 +257,8 @@ def hints_table(out):
         values = [v for v in values if v is not None]
         if not values:
             return "n/a"
-        sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else "n/a"
-        return f"{statistics.fmean(values):.4f} +- {sd} (n={len(values)})"
+        spread = f" [{min(values):.4f}, {max(values):.4f}]" if len(values) > 1 else ""
+        return f"{statistics.median(values):.4f}{spread} (n={len(values)})"
 
     def paired(corpus, arm, base_arm, key="val_loss_hints", base_key="val_loss_nohints"):
         a, b = runs.get((corpus, arm), {}), runs.get((corpus, base_arm), {})
