@@ -1,0 +1,102 @@
+"""The record arch's final validation index (train/record_val_index.py), as a script on a corpus made here.
+
+train_gpt.py --preset demo at tiny sizes (tests/test_record_run.py's flags) on documents whose phrases the
+train and val shards share, so validation n-grams occur in training: the node's background index is built
+from the clock's start over the whole training split and the final validation reads it (the summary says
+so, with its tokens, and hints change the loss); a builder that cannot start, or that dies, falls back to
+the training stream's positional index, and the log and the summary say why, on the same trained model."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data.manifest import write_manifest
+from data.shards import write_shard
+from data.tokenizer import EOT_TOKEN
+from tests.test_record_run import ENV, REPO, RUN_TIMEOUT_S, script_args
+
+TRAIN_TOKENS = 40_000 + 30_000
+STOP_AFTER, TOKENS_PER_STEP = 30, 256  # script_args' steps; 30 is enough for the hints to move the val loss
+TOO_LARGE = "20,20,512"  # 2^40 buckets x 512 slots: no machine's memory, so the builder cannot start
+
+
+def shared_documents(n, seed, phrases):
+    """n tokens of documents (each opens with GPT-2's BOS, 20..300 tokens) made of the shared phrases."""
+    rng = np.random.default_rng(seed)
+    out, total = [], 0
+    while total < n:
+        doc = [EOT_TOKEN]
+        while len(doc) < (length := int(rng.integers(20, 300))):
+            doc.extend(phrases[int(rng.integers(0, len(phrases)))])
+        out.append(np.array(doc[:length]))
+        total += length
+    return np.concatenate(out)[:n].astype(np.uint16)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("record_val_corpus")
+    rng = np.random.default_rng(0)
+    phrases = [rng.integers(0, 400, size=rng.integers(4, 16)) for _ in range(60)]
+    for seed, (name, n) in enumerate({"train_000000.bin": 40_000, "train_000001.bin": 30_000,
+                                      "val_000000.bin": 6_000}.items(), start=1):
+        write_shard(folder / name, shared_documents(n, seed, phrases))
+    write_manifest(folder)
+    return folder
+
+
+def run(corpus, tmp_path, *extra, kill_builder=False):
+    """The script's summary and log; kill_builder: SIGKILL the builder process as soon as it is started."""
+    cmd = [sys.executable, str(REPO / "train_gpt.py"),
+           *script_args(corpus, tmp_path, "--stop-after", str(STOP_AFTER), "--no-canonical-mask", *extra)]
+    p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if kill_builder and "background hints: armed to build" in line:
+                children = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+                assert len(children) == 1, children  # the builder, the trainer's only child
+                os.kill(int(children[0]), signal.SIGKILL)
+        p.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        p.kill()
+    log = "".join(lines)
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}\n{log[-4000:]}"
+    return json.loads((tmp_path / "summary.json").read_text()), log
+
+
+@pytest.fixture(scope="module")
+def background_run(corpus, tmp_path_factory):
+    return run(corpus, tmp_path_factory.mktemp("background"))
+
+
+def test_final_validation_reads_the_background_index(background_run):
+    s, log = background_run
+    assert s["val_index"] == "background" and s["hint_tokens_val"] == TRAIN_TOKENS  # 16M asked: the whole split
+    assert s["background"]["state"] == "ready" and s["background"]["tokens_done"] == TRAIN_TOKENS
+    assert s["background"]["tokens_done_at_clock_start"] == 0
+    assert s["hint_tokens_train"] == STOP_AFTER * TOKENS_PER_STEP
+    assert s["record_valid"] is None  # the demo is no record attempt
+    assert abs(s["val_loss_hints"] - s["val_loss_nohints"]) > 1e-3
+    assert "final validation: hints from the background index (70,000 tokens" in log
+
+
+@pytest.mark.parametrize("how", ["cannot start", "dies"])
+def test_a_builder_that_fails_falls_back_to_the_positional_index(corpus, tmp_path, background_run, how):
+    extra = ("--hint-geometry", TOO_LARGE) if how == "cannot start" else ()
+    s, log = run(corpus, tmp_path, *extra, kill_builder=how == "dies")
+    assert s["val_index"] == "training" and s["hint_tokens_val"] == STOP_AFTER * TOKENS_PER_STEP
+    if how == "cannot start":
+        assert s["background"] is None and "background index: not building" in log
+        assert "failed to start" in s["val_index_reason"]
+    else:
+        assert s["background"]["state"] == "failed" and "died" in s["background"]["error"]
+        assert "died" in s["val_index_reason"]
+    assert "final validation: hints from the training index" in log
+    ref = background_run[0]  # the same model (the builder never touches training), other hints
+    assert s["val_loss_nohints"] == ref["val_loss_nohints"] and s["val_loss_hints"] != ref["val_loss_hints"]
