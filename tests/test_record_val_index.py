@@ -4,7 +4,8 @@ train_gpt.py --preset demo at tiny sizes (tests/test_record_run.py's flags) on d
 train and val shards share, so validation n-grams occur in training: the node's background index is built
 from the clock's start over the whole training split and the final validation reads it (the summary says
 so, with its tokens, and hints change the loss); a builder that cannot start, or that dies, falls back to
-the training stream's positional index, and the log and the summary say why, on the same trained model."""
+the training stream's positional index, and the log and the summary say why, on the same trained model;
+--preset record sizes its index to the record's node with the plan."""
 import json
 import os
 import signal
@@ -100,3 +101,14 @@ def test_a_builder_that_fails_falls_back_to_the_positional_index(corpus, tmp_pat
     assert "final validation: hints from the training index" in log
     ref = background_run[0]  # the same model (the builder never touches training), other hints
     assert s["val_loss_nohints"] == ref["val_loss_nohints"] and s["val_loss_hints"] != ref["val_loss_hints"]
+
+
+def test_record_preset_plans_its_background_index_for_the_record_node():
+    """--preset record --plan for the record's node: the record's 35B tokens in the article's table, 8 ranks."""
+    node = ["--node-ram", "2TiB", "--node-cores", "64", "--node-tokens", "37B"]
+    p = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--preset", "record", "--plan", *node], cwd=REPO,
+                       env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-2000:]
+    plan = json.loads(p.stdout)
+    assert plan["hint_tokens"] == 35_000_000_000 and plan["n_ranks"] == 8 and plan["train_seconds"] == 7.065
+    assert (plan["geometry"]["partition_bits"], plan["geometry"]["bucket_bits"], plan["geometry"]["slots"]) == (14, 14, 176)

@@ -21,8 +21,8 @@ import torch
 from hints import Geometry
 from hints.index import compile_kernels
 from train.placement import pin_cuda_rank
-from train.plan import (ARTICLE_TRAIN_S, FINEWEB100B_TRAIN_TOKENS, NODE_FLAGS, RECORD_RANKS, PlanError, model_params,
-                        plan_from_args)
+from train.plan import (ARTICLE_TRAIN_S, FINEWEB100B_TRAIN_TOKENS, FINEWEB_SHARD_TOKENS, NODE_FLAGS, RECORD_RANKS,
+                        PlanError, model_params, plan_from_args)
 from train.val_hints import (arm_background, open_val_index, pick_index, record_verdict, start_background,
                              wait_for_background)
 
@@ -31,6 +31,9 @@ from train.val_hints import (arm_background, open_val_index, pick_index, record_
 # counted twice: the newest published phase and the build's sort scratch.
 POSITIONAL_ROW_WORDS_BESIDES_LENGTHS = 1
 POSITIONAL_COPIES = 2
+# The record's validation index: its first 350 FineWeb100B training shards of 100M tokens (the record's
+# train_gpt.py); the plan starts from it for --preset record and halves it to fit a smaller node.
+RECORD_ARCH_HINT_TOKENS = 350 * FINEWEB_SHARD_TOKENS
 
 
 def positional_bytes(train_tokens, lengths):
@@ -51,6 +54,7 @@ def plan_record_index(args, hint_files, device):
     try:
         return plan_from_args(args, hint_files, FINEWEB100B_TRAIN_TOKENS, args.hint_workers, train_tokens=train_tokens,
                               index_in_memfd=True, device=device, model=model,
+                              default_tokens=RECORD_ARCH_HINT_TOKENS if args.preset == "record" else None,
                               train_index_bytes=-(-positional_bytes(train_tokens, args.hint_lengths) // world),
                               train_seconds=ARTICLE_TRAIN_S if args.preset == "record" else None)
     except PlanError as e:
