@@ -40,10 +40,12 @@ T, BLOCK = 128, 8            # a step's tokens, the attention block
 STEPS = 84                   # RecordSchedule's shortest run
 
 
-def documents(n, seed, bos, top):
-    """n tokens of documents (each opens with bos, 20..300 tokens) of repeated phrases of ids < top."""
+def documents(n, seed, bos, top, phrases=None):
+    """n tokens of documents (each opens with bos, 20..300 tokens) of repeated phrases of ids < top
+    (`phrases`: these, shared with other shards; default: 60 of the shard's own)."""
     rng = np.random.default_rng(seed)
-    phrases = [rng.integers(0, top, size=rng.integers(4, 16)) for _ in range(60)]
+    if phrases is None:
+        phrases = [rng.integers(0, top, size=rng.integers(4, 16)) for _ in range(60)]
     out, total = [], 0
     while total < n:
         doc = [bos]

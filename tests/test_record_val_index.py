@@ -18,34 +18,22 @@ import pytest
 from data.manifest import write_manifest
 from data.shards import write_shard
 from data.tokenizer import EOT_TOKEN
-from tests.test_record_run import ENV, REPO, RUN_TIMEOUT_S, script_args
+from tests.test_record_run import ENV, REPO, RUN_TIMEOUT_S, documents, script_args
 
 TRAIN_TOKENS = 40_000 + 30_000
 STOP_AFTER, TOKENS_PER_STEP = 30, 256  # script_args' steps; 30 is enough for the hints to move the val loss
 TOO_LARGE = "20,20,512"  # 2^40 buckets x 512 slots: no machine's memory, so the builder cannot start
 
 
-def shared_documents(n, seed, phrases):
-    """n tokens of documents (each opens with GPT-2's BOS, 20..300 tokens) made of the shared phrases."""
-    rng = np.random.default_rng(seed)
-    out, total = [], 0
-    while total < n:
-        doc = [EOT_TOKEN]
-        while len(doc) < (length := int(rng.integers(20, 300))):
-            doc.extend(phrases[int(rng.integers(0, len(phrases)))])
-        out.append(np.array(doc[:length]))
-        total += length
-    return np.concatenate(out)[:n].astype(np.uint16)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """Two train shards and a val shard of documents made of the same 60 phrases: val n-grams occur in training."""
     folder = tmp_path_factory.mktemp("record_val_corpus")
     rng = np.random.default_rng(0)
     phrases = [rng.integers(0, 400, size=rng.integers(4, 16)) for _ in range(60)]
     for seed, (name, n) in enumerate({"train_000000.bin": 40_000, "train_000001.bin": 30_000,
                                       "val_000000.bin": 6_000}.items(), start=1):
-        write_shard(folder / name, shared_documents(n, seed, phrases))
+        write_shard(folder / name, documents(n, seed, EOT_TOKEN, 400, phrases))
     write_manifest(folder)
     return folder
 

@@ -57,8 +57,10 @@ def plan_record_index(args, hint_files, device):
                               default_tokens=RECORD_ARCH_HINT_TOKENS if args.preset == "record" else None,
                               train_index_bytes=-(-positional_bytes(train_tokens, args.hint_lengths) // world),
                               train_seconds=ARTICLE_TRAIN_S if args.preset == "record" else None)
-    except PlanError as e:
-        raise SystemExit(f"error: {e}") from None
+    except PlanError as e:  # a CPU rank too large is the plan's "--batch-size" error: this arch sizes it so
+        message = str(e).replace("--batch-size:", "--tokens-per-step / --val-batch-tokens:").replace(
+            "a smaller --batch-size or --seq-len", "smaller --tokens-per-step or --val-batch-tokens")
+        raise SystemExit(f"error: {message}") from None
 
 
 def plan_record_run(args, hint_files, planned):
