@@ -162,8 +162,8 @@ class RecordValIndex:
         final_val = dict(index=source.kind if source else None, index_reason=source.reason if source else None)
         valid, reason = self.d.broadcast(record_verdict(attempt and self.with_background, final_val, status))
         return dict(val_index=final_val["index"], val_index_reason=final_val["index_reason"],
-                    hint_tokens_val=self.index_tokens, hint_files=self.hint_files if self.with_background else None, bg_wait_s=self.waited,
-                    background=status, record_valid=valid, record_reason=reason,
+                    hint_tokens_val=self.index_tokens, hint_files=self.hint_files if self.with_background else None,
+                    bg_wait_s=self.waited, background=status, record_valid=valid, record_reason=reason,
                     plan=self.plan.to_dict() if self.plan else None)
 
     def close(self):
