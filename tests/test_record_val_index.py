@@ -99,4 +99,5 @@ def test_record_preset_plans_its_background_index_for_the_record_node():
     assert p.returncode == 0, p.stderr[-2000:]
     plan = json.loads(p.stdout)
     assert plan["hint_tokens"] == 35_000_000_000 and plan["n_ranks"] == 8 and plan["train_seconds"] == 7.065
-    assert (plan["geometry"]["partition_bits"], plan["geometry"]["bucket_bits"], plan["geometry"]["slots"]) == (14, 14, 176)
+    geometry = plan["geometry"]
+    assert (geometry["partition_bits"], geometry["bucket_bits"], geometry["slots"]) == (14, 14, 176)

@@ -109,8 +109,8 @@ class RecordValIndex:
         if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
             cpus = pin_cuda_rank(d.local_rank, d.local_world_size, 1 + args.hint_workers, log)
         try:
-            geometry = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, args.hint_lengths)
-                                                   if args.hint_geometry else None)
+            geometry = plan.geometry if plan else (
+                Geometry.parse(args.hint_geometry, args.hint_tokens, args.hint_lengths) if args.hint_geometry else None)
         except ValueError as e:
             raise SystemExit(f"error: argument --hint-geometry: {e}") from None
         self.background = start_background(hint_files, args.hint_tokens, args.hint_lengths, geometry, run_id, d,
