@@ -5,8 +5,10 @@ train and val shards share, so validation n-grams occur in training: the node's 
 from the clock's start over the whole training split and the final validation reads it (the summary says
 so, with its tokens, and hints change the loss); a builder that cannot start, or that dies, falls back to
 the training stream's positional index, and the log and the summary say why, on the same trained model;
---preset record sizes its index to the record's node with the plan."""
+--preset record sizes its index to the record's node with the plan, and its verdict fails an attempt
+whose builder died."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -38,7 +40,7 @@ def corpus(tmp_path_factory):
     return folder
 
 
-def run(corpus, tmp_path, *extra, kill_builder=False):
+def run(corpus, tmp_path, *extra, kill_builder=False, returncode=0):
     """The script's summary and log; kill_builder: SIGKILL the builder process as soon as it is started."""
     cmd = [sys.executable, str(REPO / "train_gpt.py"),
            *script_args(corpus, tmp_path, "--stop-after", str(STOP_AFTER), "--no-canonical-mask", *extra)]
@@ -55,7 +57,7 @@ def run(corpus, tmp_path, *extra, kill_builder=False):
     finally:
         p.kill()
     log = "".join(lines)
-    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}\n{log[-4000:]}"
+    assert p.returncode == returncode, f"{' '.join(cmd)} exited {p.returncode}\n{log[-4000:]}"
     return json.loads((tmp_path / "summary.json").read_text()), log
 
 
@@ -89,6 +91,20 @@ def test_a_builder_that_fails_falls_back_to_the_positional_index(corpus, tmp_pat
     assert "final validation: hints from the training index" in log
     ref = background_run[0]  # the same model (the builder never touches training), other hints
     assert s["val_loss_nohints"] == ref["val_loss_nohints"] and s["val_loss_hints"] != ref["val_loss_hints"]
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_record_preset_verdict(corpus, tmp_path, kill):
+    """--preset record at the tiny sizes, the whole 84-step schedule (an attempt): valid when its final
+    validation read the background index; a builder that died fails the attempt (exit 1) after a
+    validation from the positional index and a summary that says why."""
+    s, log = run(corpus, tmp_path, "--preset", "record", "--stop-after", "84", "--steps", "84", "--fp8", "off",
+                 "--hint-tokens", "70K", kill_builder=kill, returncode=1 if kill else 0)
+    assert s["preset"] == "record" and s["steps_trained"] == 84 and s["plan"]["hint_tokens"] == TRAIN_TOKENS
+    assert s["val_index"] == ("training" if kill else "background") and s["record_valid"] is (not kill)
+    assert ("did not use the background index" in s["record_reason"]) == kill
+    assert math.isfinite(s["val_loss_hints"])
+    assert ("record attempt FAILED" in log) == kill
 
 
 def test_record_preset_plans_its_background_index_for_the_record_node():
