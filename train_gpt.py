@@ -119,8 +119,8 @@ PRESETS = {
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
                  log_every=10, val_every=0, warmup_steps=0, hint_workers=1,
                  hint_tokens=16_000_000,  # more than the corpus holds (~14.4M): the whole training split
-                 # its 14.4M tokens build in ~7 s on a 2-core host (2 builder workers), usually minutes
-                 # before the last step; 60 s leaves a shared host 8x that
+                 # its 14.4M tokens were ready 1.6-2.0 s after the clock started on a loaded 2-core host (2 builder
+                 # workers; docs/runs.md), minutes before the last step; 60 s leaves a busier host 30x that
                  bg_wait=60.0),
     # The January 2025 backbone's CPU demo on the local corpus (Python's standard library,
     # data/local_corpus.py; the demo before the record arch). Measured on a 2-core box: ~0.6 s per

@@ -219,10 +219,9 @@ def record_main(args, planned=False):
 
     res = trainer.validate(reader, val_hints=val_hints, canon_mask=canon_mask, dist=d)
     hinted = f"{res['val_loss_hints']:.4f}" if res["val_loss_hints"] is not None else "n/a"
+    source = f"hints from the {val_source.source.kind} index" if val_source.source else "no hints"
     log(f"step {steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
-        f"[{res['val_tokens']:,} val tokens, hints from the {val_source.source.kind if val_source.source else 'no'} "
-        f"index, "
-        f"canonical mask "
+        f"[{res['val_tokens']:,} val tokens, {source}, canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
