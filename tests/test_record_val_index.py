@@ -1,12 +1,12 @@
 """The record arch's final validation index (train/record_val_index.py), as a script on a corpus made here.
 
-train_gpt.py --preset demo at tiny sizes (tests/test_record_run.py's flags) on documents whose phrases the
-train and val shards share, so validation n-grams occur in training: the node's background index is built
-from the clock's start over the whole training split and the final validation reads it (the summary says
-so, with its tokens, and hints change the loss); a builder that cannot start, or that dies, falls back to
-the training stream's positional index, and the log and the summary say why, on the same trained model;
---preset record sizes its index to the record's node with the plan, and its verdict fails an attempt
-whose builder died."""
+train_gpt.py --preset record at tiny sizes (tests/test_record_run.py's flags, the whole 84-step schedule)
+on documents whose phrases the train and val shards share, so validation n-grams occur in training: the
+node's background index is built from the clock's start over the whole training split and the final
+validation reads it (the summary says so, with its tokens and a valid record verdict, and hints change
+the loss); a builder that cannot start, or that dies, falls back to the training stream's positional
+index on the same trained model, and the log and the summary say why (a record attempt whose builder
+died fails: exit 1); --preset record --plan sizes its index to the record's node."""
 import json
 import math
 import os
@@ -23,7 +23,10 @@ from data.tokenizer import EOT_TOKEN
 from tests.test_record_run import ENV, REPO, RUN_TIMEOUT_S, documents, script_args
 
 TRAIN_TOKENS = 40_000 + 30_000
-STOP_AFTER, TOKENS_PER_STEP = 30, 256  # script_args' steps; 30 is enough for the hints to move the val loss
+STEPS, TOKENS_PER_STEP = 84, 256  # script_args' whole schedule
+# The record preset at script_args' sizes: the model and recipe of its --preset demo runs (every setting
+# in which the two presets differ is given), the whole schedule: a record attempt.
+RECORD = ("--preset", "record", "--steps", str(STEPS), "--fp8", "off", "--hint-tokens", "70K")
 TOO_LARGE = "20,20,512"  # 2^40 buckets x 512 slots: no machine's memory, so the builder cannot start
 
 
@@ -43,7 +46,7 @@ def corpus(tmp_path_factory):
 def run(corpus, tmp_path, *extra, kill_builder=False, returncode=0):
     """The script's summary and log; kill_builder: SIGKILL the builder process as soon as it is started."""
     cmd = [sys.executable, str(REPO / "train_gpt.py"),
-           *script_args(corpus, tmp_path, "--stop-after", str(STOP_AFTER), "--no-canonical-mask", *extra)]
+           *script_args(corpus, tmp_path, "--log-every", "21", "--no-canonical-mask", *extra)]
     p = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -63,48 +66,40 @@ def run(corpus, tmp_path, *extra, kill_builder=False, returncode=0):
 
 @pytest.fixture(scope="module")
 def background_run(corpus, tmp_path_factory):
-    return run(corpus, tmp_path_factory.mktemp("background"))
+    return run(corpus, tmp_path_factory.mktemp("background"), *RECORD)
 
 
 def test_final_validation_reads_the_background_index(background_run):
     s, log = background_run
-    assert s["val_index"] == "background" and s["hint_tokens_val"] == TRAIN_TOKENS  # 16M asked: the whole split
+    assert s["preset"] == "record" and s["steps_trained"] == STEPS and s["plan"]["hint_tokens"] == TRAIN_TOKENS
+    assert s["val_index"] == "background" and s["hint_tokens_val"] == TRAIN_TOKENS
     assert s["background"]["state"] == "ready" and s["background"]["tokens_done"] == TRAIN_TOKENS
     assert s["background"]["tokens_done_at_clock_start"] == 0
-    assert s["hint_tokens_train"] == STOP_AFTER * TOKENS_PER_STEP
-    assert s["record_valid"] is None  # the demo is no record attempt
+    assert s["hint_tokens_train"] == STEPS * TOKENS_PER_STEP
+    assert s["record_valid"] is True and "built from the clock's start" in s["record_reason"]
     assert abs(s["val_loss_hints"] - s["val_loss_nohints"]) > 1e-3
     assert "final validation: hints from the background index (70,000 tokens" in log
 
 
 @pytest.mark.parametrize("how", ["cannot start", "dies"])
 def test_a_builder_that_fails_falls_back_to_the_positional_index(corpus, tmp_path, background_run, how):
-    extra = ("--hint-geometry", TOO_LARGE) if how == "cannot start" else ()
-    s, log = run(corpus, tmp_path, *extra, kill_builder=how == "dies")
-    assert s["val_index"] == "training" and s["hint_tokens_val"] == STOP_AFTER * TOKENS_PER_STEP
+    """cannot start: --preset demo (16M tokens asked: the whole split) in a table no memory holds; dies:
+    the record attempt's builder killed as soon as it started, which fails the attempt (exit 1) after
+    its validation and its summary."""
     if how == "cannot start":
+        s, log = run(corpus, tmp_path, "--hint-geometry", TOO_LARGE)
         assert s["background"] is None and "background index: not building" in log
-        assert "failed to start" in s["val_index_reason"]
+        assert "failed to start" in s["val_index_reason"] and s["record_valid"] is None  # the demo: no attempt
     else:
+        s, log = run(corpus, tmp_path, *RECORD, kill_builder=True, returncode=1)
         assert s["background"]["state"] == "failed" and "died" in s["background"]["error"]
         assert "died" in s["val_index_reason"]
-    assert "final validation: hints from the training index" in log
+        assert s["record_valid"] is False and "did not use the background index" in s["record_reason"]
+        assert "record attempt FAILED" in log
+    assert s["val_index"] == "training" and s["hint_tokens_val"] == STEPS * TOKENS_PER_STEP
+    assert "final validation: hints from the training index" in log and math.isfinite(s["val_loss_hints"])
     ref = background_run[0]  # the same model (the builder never touches training), other hints
     assert s["val_loss_nohints"] == ref["val_loss_nohints"] and s["val_loss_hints"] != ref["val_loss_hints"]
-
-
-@pytest.mark.parametrize("kill", [False, True])
-def test_record_preset_verdict(corpus, tmp_path, kill):
-    """--preset record at the tiny sizes, the whole 84-step schedule (an attempt): valid when its final
-    validation read the background index; a builder that died fails the attempt (exit 1) after a
-    validation from the positional index and a summary that says why."""
-    s, log = run(corpus, tmp_path, "--preset", "record", "--stop-after", "84", "--steps", "84", "--fp8", "off",
-                 "--hint-tokens", "70K", kill_builder=kill, returncode=1 if kill else 0)
-    assert s["preset"] == "record" and s["steps_trained"] == 84 and s["plan"]["hint_tokens"] == TRAIN_TOKENS
-    assert s["val_index"] == ("training" if kill else "background") and s["record_valid"] is (not kill)
-    assert ("did not use the background index" in s["record_reason"]) == kill
-    assert math.isfinite(s["val_loss_hints"])
-    assert ("record attempt FAILED" in log) == kill
 
 
 def test_record_preset_plans_its_background_index_for_the_record_node():
