@@ -158,9 +158,12 @@ class Fp8MLPScales(nn.Module):
     state_dict). refresh() after init, after reset() and after every optimizer update, before the next
     forward; the forward and backward record the amaxes the next refresh reads."""
 
-    def __init__(self, n_slots):
+    def __init__(self, n_slots, exact_refreshes: int = MLP_EXACT_SCALE_REFRESHES):
         super().__init__()
-        self.refreshes = 0  # a host counter toward MLP_EXACT_SCALE_REFRESHES, as the record's
+        # exact weight scales for the first exact_refreshes refreshes (the record's 16; a run scaled to
+        # fewer steps scales it too: train/record_schedule.py fp8_exact_refreshes)
+        self.exact_refreshes = exact_refreshes
+        self.refreshes = 0  # a host counter toward exact_refreshes, as the record's
         for name, value in (("fc_scale", 1.0), ("proj_scale", 1.0), ("fc_amax", 0.0), ("proj_amax", 0.0),
                             ("post_scale", 1.0), ("post_amax", 0.0), ("dpre_scale", MLP_GRAD_SCALE),
                             ("dpre_amax", 0.0)):
@@ -170,7 +173,7 @@ class Fp8MLPScales(nn.Module):
     def refresh(self, w_fc, w_proj):
         """New scales from the slots' current weights w_fc, w_proj (n_slots, hidden, d) and the amaxes
         recorded since the last refresh."""
-        exact = self.refreshes < MLP_EXACT_SCALE_REFRESHES
+        exact = self.refreshes < self.exact_refreshes
         self.refreshes += 1
         for w, scale, amax in ((w_fc, self.fc_scale, self.fc_amax), (w_proj, self.proj_scale, self.proj_amax)):
             w = w.detach().reshape(w.shape[0], -1)

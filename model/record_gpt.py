@@ -115,6 +115,7 @@ class RecordConfig:
     ngram_table_rows: int = NGRAM_ROWS  # the table outside the model (model/ngram_table.py); for describe()
     embed_std: float = EMBED_STD
     fp8: bool = True                  # fp8 in the training forward (model/fp8.py)
+    fp8_exact_refreshes: int = 16     # the MLP's exact fp8 weight scales (the record's 16; scaled with the run)
     initial_windows: tuple = INITIAL_WINDOWS
 
     def __post_init__(self):
@@ -189,7 +190,7 @@ class RecordGPT(nn.Module):
                                                torch.zeros(_round_up(n_vo, world_size) - n_vo, H * hd, d)]))
         self.mlp_bank = nn.Parameter(torch.stack([_uniform((MLP_SLOTS, cfg.mlp_hidden, d), bound),
                                                   torch.zeros(MLP_SLOTS, cfg.mlp_hidden, d)], dim=1))
-        self.fp8_mlp_scales = fp8_sites.Fp8MLPScales(MLP_SLOTS)
+        self.fp8_mlp_scales = fp8_sites.Fp8MLPScales(MLP_SLOTS, cfg.fp8_exact_refreshes)
         # scalars and lambdas
         self.attn_qkv_scale = nn.Parameter(torch.full((N_LAYER,), QKV_SCALE_INIT))
         self.attn_out_scale = nn.Parameter(torch.full((N_LAYER,), OUT_SCALE_INIT))

@@ -14,11 +14,14 @@ Usage: python scripts/cpu_ab.py --train-files 'data/local_corpus/train_*.bin' \
 
 Hints (--hints OUT): the hint representations, through train_gpt.py itself (real loader, real
 training-time hints, real validation). For each corpus (the standard library's source, the
-man-pages prose), seed and arm, one demo-preset run writes OUT/<corpus>-<arm>-s<seed>.json:
+man-pages prose), seed and arm, one demo-2025-preset run writes OUT/<corpus>-<arm>-s<seed>.json:
   lengths   --hint-repr lengths (per-length hints from the per-rank growing index)
   record    --hint-repr record  (the record's cells from the positional index)
   nohints   --no-hints (the same recipe trained without hints)
-Both hinted arms validate with hints from the same saved HintIndex over the corpus's whole
+The model A/B (--arms model-new,model-new-nohints,model-old,model-old-nohints): the demo preset (the
+record arch and its recipe) against demo-2025 (the January 2025 backbone, the lengths hints) at
+equal tokens, each with and without hints (ARMS below says the flags).
+The hinted arms validate with hints from the same saved HintIndex over the corpus's whole
 training split (OUT/<corpus>.idx, built once, --val-index; the record's arm reads it as cells), and
 each run reports val loss with and without hints. Runs
 whose JSON exists are skipped, so the grid can be stopped and resumed; --table prints the
@@ -74,8 +77,29 @@ REPO = Path(__file__).resolve().parents[1]
 # The hint A/B's corpora: (train glob, val glob) under the repo (data/local_corpus.py, data/prose_corpus.py).
 CORPORA = {"stdlib": ("data/local_corpus/train_*.bin", "data/local_corpus/val_*.bin"),
            "prose": ("data/local_corpus/man-pages/train_*.bin", "data/local_corpus/man-pages/val_*.bin")}
+# The demo preset (the record arch, 84 steps x 1,024 tokens) against the January 2025 backbone's demo
+# (demo-2025, steps of 2 x 256 tokens) at equal tokens: demo-2025 trains 84 x 1,024 / 512 = 168 steps.
+# Both validate on the first 16,384 val tokens (demo's size), the record arch without its canonical
+# mask (the old path has none), each hinted arm from the corpus's saved index.
+EQUAL_TOKEN_STEPS_2025 = 84 * 1024 // (2 * 256)
+NEW = ["--preset", "demo", "--no-canonical-mask"]
+OLD = ["--preset", "demo-2025", "--steps", str(EQUAL_TOKEN_STEPS_2025), "--val-every", "0", "--val-tokens", "16384"]
+# Every arm's flags, after --preset demo-2025 and before --recipe-args. An arm NAME-nohints (or
+# nohints) trains without hints; its hinted partner is NAME (lengths and record pair with nohints).
 ARMS = {"lengths": ["--hint-repr", "lengths"], "record": ["--hint-repr", "record"],
-        "nohints": ["--no-hints", "--hint-repr", "record"]}
+        "nohints": ["--no-hints", "--hint-repr", "record"],
+        "model-new": NEW, "model-new-nohints": [*NEW, "--no-hints"],
+        "model-old": OLD, "model-old-nohints": [*OLD, "--no-hints"]}
+DEFAULT_ARMS = ("lengths", "record", "nohints")
+
+
+def unhinted(arm):
+    return arm.endswith("nohints")
+
+
+def base_arm(arm):
+    """The --no-hints arm a hinted arm's gain is paired against."""
+    return f"{arm}-nohints" if f"{arm}-nohints" in ARMS else "nohints"
 
 
 def parse_args(argv=None):
@@ -84,7 +108,7 @@ def parse_args(argv=None):
     g.add_argument("--hints", metavar="OUT", help="run the hint-representation A/B into this folder")
     g.add_argument("--table", action="store_true", help="with --hints: print the table of the runs in OUT")
     g.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated, of {', '.join(CORPORA)}")
-    g.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    g.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     g.add_argument("--seeds", default="0,1,2")
     g.add_argument("--parallel", type=int, default=1, help="runs at once (each gets cores / parallel torch threads)")
     g.add_argument("--recipe-args", default="", help="extra train_gpt.py flags for every run (the recipe), e.g. "
@@ -189,7 +213,7 @@ def run_cell(out, corpus, arm, seed, recipe, threads):
     train, val = CORPORA[corpus]
     cmd = [sys.executable, str(REPO / "train_gpt.py"), "--preset", "demo-2025", "--train-files", str(REPO / train),
            "--val-files", str(REPO / val), "--hint-tokens", "0",
-           *(["--val-index", str(val_index(out, corpus))] if arm != "nohints" else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
+           *(["--val-index", str(val_index(out, corpus))] if not unhinted(arm) else []), "--seed", str(seed), "--log-dir", str(out / "logs"), "--summary-json", str(summary), *ARMS[arm], *recipe]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     with open(out / "logs" / f"{corpus}-{arm}-s{seed}.out", "w") as log:
@@ -210,6 +234,13 @@ def run_hints_ab(args):
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(lambda cell: run_cell(out, *cell, recipe, threads), cells))
+
+
+def step_ms(summary):
+    """Wall ms per trained step: the summary's, else its train time over its steps."""
+    if "step_ms" in summary:
+        return summary["step_ms"]
+    return 1000 * summary["train_time_s"] / max(1, summary.get("steps_trained", summary["steps"]))
 
 
 def hints_table(out):
@@ -239,16 +270,19 @@ def hints_table(out):
              "|---|---|---|---|---|---|"]
     for (corpus, arm), rs in sorted(runs.items()):
         rs = list(rs.values())
-        hinted = [r["val_loss_hints"] for r in rs] if arm != "nohints" else []
-        gain = cell(paired(corpus, arm, "nohints")) if arm != "nohints" else "-"
+        hinted = [r["val_loss_hints"] for r in rs] if not unhinted(arm) else []
+        gain = cell(paired(corpus, arm, base_arm(arm))) if not unhinted(arm) else "-"
         lines.append(f"| {corpus} | {arm} | {cell(hinted)} | {cell([r['val_loss_nohints'] for r in rs])} | {gain} | "
-                     f"{statistics.fmean(r['step_ms'] for r in rs):.0f} |")
-    lines += ["", "record against lengths, paired by seed (positive: record's val loss with hints is lower):"]
-    for corpus in sorted({c for c, _ in runs}):
-        lines.append(f"- {corpus}: {cell(paired(corpus, 'record', 'lengths', base_key='val_loss_hints'))}")
+                     f"{statistics.fmean(step_ms(r) for r in rs):.0f} |")
+    for new, old, what in (("record", "lengths", "record against lengths"),
+                           ("model-new", "model-old", "the record arch (demo) against the January 2025 backbone (demo-2025)")):
+        if any(arm in (new, old) for _, arm in runs):
+            lines += ["", f"{what}, paired by seed (positive: {new}'s val loss with hints is lower):"]
+            for corpus in sorted({c for c, _ in runs}):
+                lines.append(f"- {corpus}: {cell(paired(corpus, new, old, base_key='val_loss_hints'))}")
     lines += ["", "per seed (seed: val loss with hints for the hinted arms, without for nohints):"]
     for (corpus, arm), rs in sorted(runs.items()):
-        key = "val_loss_nohints" if arm == "nohints" else "val_loss_hints"
+        key = "val_loss_nohints" if unhinted(arm) else "val_loss_hints"
         lines.append(f"- {corpus} {arm}: " + ", ".join(
             f"s{s} {r[key]:.4f}" if r[key] is not None else f"s{s} n/a" for s, r in sorted(rs.items())))
     return "\n".join(lines)

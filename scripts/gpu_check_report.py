@@ -1,44 +1,42 @@
-"""The report of scripts/gpu_check.sh: two train_gpt.py summary JSONs side by side.
+"""The report of scripts/gpu_check.sh: two record-arch summary JSONs side by side.
 
     python3 scripts/gpu_check_report.py [--strict] HINTED.json NOHINTS.json
     python3 scripts/gpu_check_report.py --dry-run [--out DIR]
 
-HINTED.json is a run with hints, NOHINTS.json the paired --no-hints run (same flags, same
-steps). Either may be missing (a run that failed or timed out): its column reads n/a.
-Recompiles come from NAME.log beside NAME.json when it is there (the run's output with
-TORCH_LOGS=recompiles, as gpu_check.sh writes it). --strict: every summary field and log line the
-report reads must be there (a renamed field fails instead of printing n/a). --dry-run: makes a
-tiny corpus and the two runs on this CPU (train_gpt.py --preset record-2025 at tiny shapes, offline),
-then reports on them with --strict. Standard library only (CPU summaries give MFU and GPU memory n/a).
+HINTED.json is a `train_gpt.py --preset record` run with hints, NOHINTS.json the paired --no-hints run
+(same flags, same steps): the summaries train/record_run.py writes. Either may be missing (a run that
+failed or timed out): its column reads n/a. Recompiles come from NAME.log beside NAME.json when it is
+there (the run's output with TORCH_LOGS=recompiles, as gpu_check.sh writes it). --strict: every summary
+field the report reads and the run log beside each summary must be there (a renamed field fails
+instead of printing n/a). --dry-run: makes a tiny corpus and the two runs on this CPU (the record
+preset at tiny shapes, 3 steps, offline), then reports on them with --strict. Standard library only
+(CPU summaries give MFU and GPU memory n/a).
 
-Hint prep is CPU time in the trainer's background prep thread (index lookup + add), not GPU
-time; what the GPU loop pays for it is the wait. The step-time cost of the hint path on the
-GPU side (hint inputs and embeddings in the model, hint tensors to the device) is the hinted
-run's ms/step against the --no-hints run's. ms/step is taken from the run's log lines (loop
-time only) when the log is readable, because the summary's train time also holds any wait at
-the final validation for a late background index (the speedrun counts that as training time).
+ms/step, tokens/s and MFU are the timed steps' (the clock's start to the last step, after a device
+sync), without the tail ship and the canonical mask's join after them. The hint lookups' time is the
+loop's wall time in the positional index's lookups (with any wait for the index, built on the clock,
+to cover the step) and their copy to the device, on the training loop's thread: part of step time
+unless the GPU is still busy with earlier work. The GPU-side cost of
+the whole hint path (lookups, the hint inputs in the model) is the hinted run's ms/step against the
+--no-hints run's.
 """
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss \S+ \| ([\d.]+)ms/step")
 RECOMPILE_LINE = "Recompiling function"  # TORCH_LOGS=recompiles
 # the summary fields the report reads (--strict: all must be there)
-FIELDS = ("device", "world_size", "preset", "steps_timed", "global_batch_tokens", "batch_size", "seq_len",
-          "tokens_per_s", "step_ms", "mfu", "hint_prep_ms_per_step", "hint_prep_share", "hint_wait_ms_per_step",
-          "hint_wait_share", "val_loss_hints", "val_loss_nohints", "peak_memory_gib", "train_time_s",
-          "target_val_loss", "target_reached", "val_index", "hint_tokens_val", "val_index_reason", "background",
-          "log_file", "no_hints", "ranks_in_sync")
+FIELDS = ("device", "world_size", "preset", "arch", "steps", "steps_trained", "tokens_per_step", "tokens_per_rank",
+          "ngram_rows", "tokens_per_s", "step_ms", "flops_per_token", "mfu", "hint_ms_per_step", "hint_share",
+          "val_loss_hints", "val_loss_nohints", "val_tokens", "peak_memory_gib", "train_time_s", "warmup_time_s",
+          "val_time_s", "tail_shipped", "hint_tokens_val", "no_hints", "log_file")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# --dry-run: the record preset at tiny shapes on the CPU, the flags gpu_check.sh gives
-DRY_FLAGS = ["--preset", "record-2025", "--steps", "2", "--warmup-steps", "0", "--batch-size", "1", "--val-batch-size",
-             "1", "--val-tokens", "256", "--val-every", "0", "--log-every", "1", "--bg-wait", "30", "--seed", "0",
-             "--hint-tokens", "200K", "--node-ram", "16GiB", "--node-ranks", "1", "--n-embd", "32", "--n-head", "2",
-             "--seq-len", "128"]
+# --dry-run: the record preset at tiny shapes on the CPU, the flags gpu_check.sh's dry run gives its two runs
+DRY_FLAGS = ["--preset", "record", "--n-embd", "64", "--n-head", "4", "--block-tokens", "16", "--steps", "84",
+             "--stop-after", "3", "--no-record-warmup", "--tokens-per-step", "1024", "--ngram-rows", "65536",
+             "--val-tokens", "4096", "--val-batch-tokens", "2048", "--log-every", "1", "--seed", "0"]
 
 
 def load(path):
@@ -50,22 +48,6 @@ def load(path):
         return None
 
 
-def loop_ms_per_step(s):
-    """Mean ms/step of the loop alone, weighting each log line by the steps it covers; None
-    when the log is not readable or has no step lines."""
-    path = s.get("log_file") if s else None
-    if not path or not os.path.isfile(path):
-        return None
-    prev, steps, ms = 0, 0, 0.0
-    with open(path, errors="replace") as f:
-        for line in f:
-            m = STEP_LINE.match(line)
-            if m and int(m.group(1)) > prev:
-                n = int(m.group(1)) - prev
-                steps, ms, prev = steps + n, ms + n * float(m.group(3)), int(m.group(1))
-    return ms / steps if steps else None
-
-
 def recompiles(summary_path):
     """Recompile lines in NAME.log beside NAME.json, or None when there is no such log."""
     log = os.path.splitext(summary_path)[0] + ".log"
@@ -75,16 +57,14 @@ def recompiles(summary_path):
         return sum(RECOMPILE_LINE in line for line in f)
 
 
-def check_strict(paths, summaries, loop):
-    """--strict: the fields, the loop's log lines and the run logs the report reads are all there."""
+def check_strict(paths, summaries):
+    """--strict: the fields and the run logs the report reads are all there."""
     problems = []
     for path, s in zip(paths, summaries):
         if s is None:
             problems.append(f"{path}: no summary")
             continue
         problems += [f"{path}: no field {k!r}" for k in FIELDS if k not in s]
-        if loop.get(id(s)) is None:
-            problems.append(f"{path}: no 'step N/M loss ... ms/step' line in its log_file {s.get('log_file')}")
         if recompiles(path) is None:
             problems.append(f"{path}: no run log {os.path.splitext(path)[0] + '.log'} beside it")
     for p in problems:
@@ -100,7 +80,7 @@ def dry_run(out):
                     "--max-val-tokens", "50000", "--shard-tokens", "200000"], cwd=REPO, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     files = ["--train-files", f"{corpus}/train_*.bin", "--val-files", f"{corpus}/val_*.bin",
-             "--hint-files", f"{corpus}/train_*.bin", "--log-dir", os.path.join(out, "logs")]
+             "--log-dir", os.path.join(out, "logs")]
     paths = []
     for name, extra in (("hints", []), ("nohints", ["--no-hints"])):
         path = os.path.join(out, f"{name}.json")
@@ -118,26 +98,6 @@ def num(v, fmt="{:.4f}"):
 
 def pct(v, digits=1):
     return "n/a" if v is None else f"{100 * v:.{digits}f}%"
-
-
-def target_text(s):
-    if s is None:
-        return "n/a"
-    if s.get("target_val_loss") is None:
-        return "no target"
-    if s.get("target_reached"):
-        return (f"<= {s['target_val_loss']} at step {s.get('steps_to_target')}, "
-                f"{num(s.get('time_to_target_s'), '{:.2f}')}s, {num(s.get('tokens_to_target'), '{:,}')} tokens")
-    return f"{s['target_val_loss']} not reached"
-
-
-def background_text(s):
-    b = (s or {}).get("background")
-    if not b:
-        return "none"
-    secs = num(b.get("seconds"), "{:.1f}")
-    return f"{b.get('state')}, {b.get('tokens_done', 0):,} tokens in {secs}s" + (
-        f" ({b['error']})" if b.get("error") else "")
 
 
 def main(argv):
@@ -161,11 +121,11 @@ def main(argv):
     if h is None and n is None:
         print("gpu_check_report: no summary to report (both runs failed?)")
         return 1
-    loop = {id(s): loop_ms_per_step(s) for s in (h, n) if s}
     first = h or n
-    print(f"device {first.get('device')}, {first.get('world_size')} rank(s), preset {first.get('preset')}, "
-          f"{first.get('steps_timed')} timed steps x {first.get('global_batch_tokens', 0):,} tokens "
-          f"(batch {first.get('batch_size')} x seq_len {first.get('seq_len')})")
+    print(f"device {first.get('device')}, {first.get('world_size')} rank(s), preset {first.get('preset')} "
+          f"(arch {first.get('arch')}), {first.get('steps_trained')} of {first.get('steps')} recipe steps x "
+          f"{first.get('tokens_per_step', 0):,} tokens ({first.get('tokens_per_rank', 0):,} a rank), n-gram table "
+          f"{first.get('ngram_rows', 0):,} rows")
 
     def row(label, fn):
         cols = [fn(s) if s is not None else "n/a" for s in (h, n)]
@@ -173,56 +133,45 @@ def main(argv):
 
     print(f"  {'':<44}{'with hints':>22}{'--no-hints':>22}")
     row("tokens/s", lambda s: num(s.get("tokens_per_s"), "{:,.0f}"))
-    row("ms/step (loop, from the log)", lambda s: num(loop.get(id(s)), "{:.2f}"))
-    row("ms/step (summary: train time / steps)", lambda s: num(s.get("step_ms"), "{:.2f}"))
+    row("ms/step (timed steps)", lambda s: num(s.get("step_ms"), "{:.2f}"))
+    row("model FLOPs/token (model/record_flops.py)", lambda s: num(s.get("flops_per_token"), "{:,.0f}"))
     row("MFU (vs 989 TFLOP/s bf16 dense)", lambda s: pct(s.get("mfu")) if s.get("mfu") is not None
         else "n/a (no CUDA)")
-    row("hint prep: CPU ms/step, background thread", lambda s: num(s.get("hint_prep_ms_per_step"), "{:.2f}"))
-    row("  ... as a share of step time", lambda s: pct(s.get("hint_prep_share"), 2))
-    row("loop's wait for hint prep, ms/step", lambda s: num(s.get("hint_wait_ms_per_step"), "{:.3f}"))
-    row("  ... as a share of step time", lambda s: pct(s.get("hint_wait_share"), 3))
+    row("hint lookups, ms/step (in the loop)", lambda s: num(s.get("hint_ms_per_step"), "{:.2f}"))
+    row("  ... as a share of step time", lambda s: pct(s.get("hint_share"), 2))
     row("val loss with hints", lambda s: num(s.get("val_loss_hints")) if not s.get("no_hints")
         else "(not trained with)")
     row("val loss without hints", lambda s: num(s.get("val_loss_nohints")))
+    row("val tokens", lambda s: num(s.get("val_tokens"), "{:,}"))
     row("peak GPU memory (allocated)", lambda s: num(s.get("peak_memory_gib"), "{:.1f} GiB") if
         s.get("peak_memory_gib") is not None else "n/a (no CUDA)")
-    row("train time (s)", lambda s: num(s.get("train_time_s"), "{:.2f}"))
-    row("time to target", lambda s: target_text(s).split(",")[0])
+    row("warm-up (untimed, compiles), s", lambda s: num(s.get("warmup_time_s"), "{:.1f}") if
+        s.get("warmup_time_s") is not None else "off")
+    row("train time (clock, incl. tail ship), s", lambda s: num(s.get("train_time_s"), "{:.2f}"))
+    row("final validation, s", lambda s: num(s.get("val_time_s"), "{:.1f}"))
+    row("tail averages shipped", lambda s: "yes" if s.get("tail_shipped") else "no (stopped early)")
     compiles = {id(s): recompiles(p) for p, s in zip(argv, (h, n)) if s is not None}
     row("recompiles (TORCH_LOGS=recompiles)", lambda s: num(compiles.get(id(s)), "{:d}"))
 
     if h is not None:
-        if h.get("target_reached"):
-            print(f"time to target (hinted run): {target_text(h)} (validation excluded)")
-        print(f"hinted run's validation: hints from the {h.get('val_index')} index, {h.get('hint_tokens_val', 0):,} "
-              f"tokens ({h.get('val_index_reason')}); background index: {background_text(h)}")
+        print(f"hinted run's validation hints: the training stream's positional index, "
+              f"{h.get('hint_tokens_val', 0):,} tokens")
         if h.get("val_loss_hints") is not None and h.get("val_loss_nohints") is not None:
             print(f"hint gain at validation (hinted run): {h['val_loss_nohints'] - h['val_loss_hints']:+.4f} "
                   f"(loss without hints - loss with hints)")
-        if h.get("hint_prep_ms_per_step") is not None:
-            print(f"hint prep is CPU time in the background prep thread ({h['hint_prep_ms_per_step']:.2f} ms/step, "
-                  f"{pct(h.get('hint_prep_share'), 2)} of step time), overlapped with the GPU step; the loop "
-                  f"waited {num(h.get('hint_wait_ms_per_step'), '{:.3f}')} ms/step for it")
     if h is not None and n is not None:
-        lh, ln = loop.get(id(h)), loop.get(id(n))
-        src = "loop ms/step from the logs"
-        if lh is None or ln is None:
-            lh, ln, src = h.get("step_ms"), n.get("step_ms"), "summary ms/step (logs not readable)"
+        lh, ln = h.get("step_ms"), n.get("step_ms")
         if lh and ln:
             print(f"GPU-side cost of the hint path: ({lh:.2f} - {ln:.2f}) / {ln:.2f} = {pct((lh - ln) / ln, 2)} "
-                  f"of step time ({src}; short runs: a few % is noise)")
+                  f"of step time (short runs: a few % is noise)")
         if n.get("val_loss_nohints") is not None and h.get("val_loss_hints") is not None:
             print(f"val loss: hinted run with hints {h['val_loss_hints']:.4f}, without {num(h.get('val_loss_nohints'))}; "
                   f"--no-hints run {n['val_loss_nohints']:.4f}")
     for label, s in (("with hints", h), ("--no-hints", n)):
-        if s is not None and s.get("step_ms") and loop.get(id(s)):
-            extra = s["step_ms"] - loop[id(s)]
-            if extra > max(0.5, 0.02 * loop[id(s)]):
-                print(f"note ({label}): summary ms/step exceeds the loop's by {extra:.2f} ms/step: the final "
-                      f"validation waited for the background index (counted as training time)")
-        if s is not None and s.get("ranks_in_sync") is False:
-            print(f"WARNING ({label}): ranks ended with different weights")
-    if strict and not check_strict(argv, (h, n), loop):
+        digests = (s or {}).get("param_digests") or []
+        if len(set(digests)) > 1:
+            print(f"WARNING ({label}): ranks ended with different weights: {digests}")
+    if strict and not check_strict(argv, (h, n)):
         return 1
     return 0 if (h is not None and n is not None) else 1
 

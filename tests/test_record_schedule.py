@@ -2,6 +2,7 @@
 11, 12, stated plainly here); at any length from MIN_STEPS every stage and switch happens, in the
 record's order, with no stage empty."""
 import pytest
+import torch
 
 from train.record_schedule import MIN_STEPS, RecordSchedule
 
@@ -117,3 +118,16 @@ def test_block_size_and_vocabulary_set_token_lengths_and_candidates():
     assert s.plan(0).window_tokens == (16, 48) and s.plan(400).max_seq_len == 320 and s.plan(400).cut_tokens == 384
     # P at or above the vocabulary means the full softmax
     assert s.plan(0).candidates == 10240 and s.plan(400).candidates is None
+
+
+def test_the_models_exact_fp8_refreshes_follow_the_schedule():
+    """record_config hands the schedule's scaled count to the MLP's fp8 scales (16 at 570 steps, 2 at 84)."""
+    from model.record_gpt import RecordGPT
+    from train.record_setup import record_config
+    from train_gpt import parse_args
+    for preset, exact in (("record", 16), ("demo", 2)):
+        args = parse_args(["--preset", preset, "--n-embd", "64", "--n-head", "2", "--ngram-rows", "4096"])
+        cfg = record_config(args)
+        assert cfg.fp8_exact_refreshes == RecordSchedule(args.steps).fp8_exact_refreshes == exact
+        with torch.device("meta"):
+            assert RecordGPT(cfg).fp8_mlp_scales.exact_refreshes == exact

@@ -31,9 +31,11 @@ from data.tokenizer import VOCAB_SIZE
 from hints.cells import BOS
 from model import gpu_paths_enabled
 from model.ngram_table import NgramTable
+from model.record_flops import train_flops_per_token
 from model.record_gpt import RecordGPT
 from model.record_loss import SampledSoftmax
 from train.data import repo_glob
+from train.meter import H100_BF16_DENSE_PEAK_FLOPS
 from train.positional_hints import PositionalHints, cells_to_arrays, node_directory
 from train.record_loop import Batches, RecordTrainer, record_hints
 from train.record_optim import RecordOptimizers
@@ -113,6 +115,30 @@ def open_record_data(args, d, log, schedule):
     return train_files, loader, reader
 
 
+def step_speed(cfg, schedule, steps: int, loop_s: float, hint_s: float, d) -> dict:
+    """The timed steps' speed (loop_s: their wall time, clock start to the last step's end after a device
+    sync; hint_s: the loop's time in the hint lookups): ms/step, tokens/s, the model FLOPs per token
+    (model/record_flops.py, averaged over the steps trained), MFU against the H100's dense bf16 peak on
+    CUDA (None elsewhere), the hints' share of step time and the peak GPU memory (None off CUDA)."""
+    n = max(steps, 1)
+    step_ms = max(loop_s / n * 1e3, 1e-9)
+    tokens_per_s = steps * schedule.tokens_per_step / loop_s if loop_s > 0 else 0.0
+    flops = sum(train_flops_per_token(cfg, schedule.plan(s)) for s in range(steps)) / n
+    mfu = flops * tokens_per_s / (H100_BF16_DENSE_PEAK_FLOPS * d.world_size) if d.cuda else None
+    return dict(steps_timed=steps, loop_time_s=loop_s, step_ms=step_ms, tokens_per_s=tokens_per_s,
+                flops_per_token=flops, mfu=mfu, hint_ms_per_step=hint_s / n * 1e3,
+                hint_share=hint_s / n * 1e3 / step_ms,
+                peak_memory_gib=torch.cuda.max_memory_allocated(d.device) / 2**30 if d.cuda else None)
+
+
+def speed_line(s: dict) -> str:
+    mfu = f"MFU {s['mfu']:.1%}" if s["mfu"] is not None else "MFU n/a (no CUDA)"
+    mem = f"peak memory {s['peak_memory_gib']:.1f} GiB" if s["peak_memory_gib"] is not None else "peak memory n/a"
+    return (f"speed: {s['steps_timed']} steps in {s['loop_time_s']:.1f}s, {s['step_ms']:.1f}ms/step, "
+            f"{s['tokens_per_s']:,.0f} tok/s, {s['flops_per_token'] / 1e6:.1f} MFLOP/token, {mfu}; hint lookups "
+            f"{s['hint_ms_per_step']:.2f}ms/step ({s['hint_share']:.1%} of step time); {mem}")
+
+
 def record_main(args, planned=False):
     """The run; planned: the preset's background index is sized to the node (train/plan.py)."""
     hint_files = repo_glob(args.hint_files or args.train_files)
@@ -146,7 +172,15 @@ def record_main(args, planned=False):
     if not args.no_hints:
         positional = PositionalHints(node_directory(run.run_id, d.node), 1, T, d.rank, d.world_size,
                                      args.hint_lengths)
-    hints = (lambda batch, step: record_hints(*positional.lookup(batch.inputs, step), d.device)) if positional else None
+    hint_s = [0.0]  # the loop's wall time in the hint lookups (any wait for the index, the copy to the device)
+
+    def hints(batch, step):
+        t = time.perf_counter()
+        out = record_hints(*positional.lookup(batch.inputs, step), d.device)
+        hint_s[0] += time.perf_counter() - t
+        return out
+
+    hints = hints if positional else None
     trainer = RecordTrainer(model, table, optimizers, schedule, sampled, device=d.device, hints=hints)
     val_source = RecordValIndex(args, d, log, run.run_id, hint_files, plan)  # the background builder starts here
     params = sum(p.numel() for p in model.parameters())
@@ -156,13 +190,15 @@ def record_main(args, planned=False):
         f"{[st.first_step for st in schedule.stages]}, switches {schedule.switches()}")
 
     # -- the untimed warm-up over every configuration, then the full reset ----------------------------
+    warmup_s = None
     if args.record_warmup:
         warm = schedule.warmup_steps()
         t0 = time.perf_counter()
         trainer.run(warm, Batches(loader([cut(s) for s in warm])), warmup=True)
         trainer.reset()
         d.sync()
-        log(f"warm-up: steps {warm} in {time.perf_counter() - t0:.1f}s (untimed, then reset)")
+        warmup_s = time.perf_counter() - t0
+        log(f"warm-up: steps {warm} in {warmup_s:.1f}s (untimed, then reset)")
 
     steps = min(schedule.steps, args.stop_after or schedule.steps)  # the steps this run trains
 
@@ -191,6 +227,8 @@ def record_main(args, planned=False):
             log(line)
 
     trainer.run(list(range(steps)), Batches(loader(cut)), on_step=on_step)
+    d.sync()
+    loop_s = time.perf_counter() - t0  # the steps alone: what ms/step, tokens/s and MFU are measured on
     canon_mask = mask.result() if mask is not None else None
     if steps == schedule.steps:
         optimizers.ship()
@@ -217,13 +255,19 @@ def record_main(args, planned=False):
             cells = val_index.lookup_cells(tokens, max_followers=VAL_FOLLOWERS, boundary=BOS)
             return record_hints(*cells_to_arrays(cells, 1, len(tokens)), d.device)
 
+    t_val = time.perf_counter()
     res = trainer.validate(reader, val_hints=val_hints, canon_mask=canon_mask, dist=d)
+    val_s = time.perf_counter() - t_val
     hinted = f"{res['val_loss_hints']:.4f}" if res["val_loss_hints"] is not None else "n/a"
     source = f"hints from the {val_source.source.kind} index" if val_source.source else "no hints"
     log(f"step {steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
         f"[{res['val_tokens']:,} val tokens, {source}, canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
+    speed = step_speed(cfg, schedule, steps, loop_s, hint_s[0], d)
+    log(speed_line(speed))
     summary = dict(run_id=run.run_id, preset=args.preset, arch="record", world_size=d.world_size,
+                   device=str(d.device), log_file=run.log.path, tokens_per_rank=T, ngram_rows=args.ngram_rows,
+                   warmup_time_s=warmup_s, val_time_s=val_s, **speed,
                    steps=schedule.steps, steps_trained=steps, tokens_per_step=schedule.tokens_per_step,
                    # every trained token is a packed input (the loader drops remainders); the training-time
                    # index covers the stream trained on (docs/design.md's summary keys)

@@ -54,7 +54,7 @@ def record_config(args, schedule=None):
                             mlp_hidden=args.n_embd * MLP_RATIO_NUM // MLP_RATIO_DEN,
                             hint_repr="record", n_hint_kinds=n_cells(len(args.hint_lengths)),
                             ngram_table_rows=args.ngram_rows, initial_windows=schedule.plan(0).window_tokens,
-                            fp8=args.fp8 != "off")
+                            fp8=args.fp8 != "off", fp8_exact_refreshes=schedule.fp8_exact_refreshes)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"error: model: {e}") from None
 
