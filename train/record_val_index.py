@@ -66,15 +66,21 @@ def plan_record_index(args, hint_files, device):
 def plan_record_run(args, hint_files, planned):
     """Before any process starts: the plan (--plan, or a planned preset's background index when the run
     builds one), which sets --hint-tokens to its number; None without one (--hint-tokens then as given,
-    unset: 0)."""
+    unset: 0). A run's plan covers only the tokens its hint shards hold (--plan says what to fetch; this
+    path fetches nothing, and a table sized for tokens not there would only cost memory and time)."""
     if args.val_hints != "background":
         raise SystemExit(f"error: argument --val-hints: the record arch validates with --val-index, its background "
                          f"index or its positional index; got {args.val_hints!r}")
     plan = None
     builds = not args.no_hints and not args.val_index and args.hint_tokens != 0
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.plan or (planned and builds):
-        plan = plan_record_index(args, hint_files, "cuda" if torch.cuda.is_available() else "cpu")
-        if not args.plan:
+        plan = plan_record_index(args, hint_files, device)
+        if not args.plan and plan.fetch_tokens:  # a run fetches nothing: the plan of the tokens its shards hold
+            on_disk = min(plan.hint_tokens, plan.node["tokens_on_disk"])
+            args.hint_tokens = on_disk
+            plan = plan_record_index(args, hint_files, device) if on_disk else None
+        if plan is not None and not args.plan:
             args.hint_tokens = plan.hint_tokens
     args.hint_tokens = args.hint_tokens or 0
     return plan
