@@ -90,8 +90,12 @@ PRESETS = {
                    val_tokens=SPEEDRUN_VAL_TOKENS, val_batch_tokens=RECORD_VAL_BATCH_TOKENS,
                    hint_lengths=DEFAULT_LENGTHS,
                    hint_repr="record", fp8="on", train_files=RECORD_TRAIN_FILES, val_files=RECORD_VAL_FILES,
-                   log_every=25,
-                   val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
+                   log_every=25, val_every=0, warmup_steps=0,
+                   # the validation index: built on the clock from the first training shards (the record's 350,
+                   # 35B tokens), sized to the node by train/plan.py; the final validation waits for it however
+                   # long it takes (the record's was ready 6.42-6.54 s into its 7.07 s run; the wait is training
+                   # time), and a builder that died fails the attempt (train/record_val_index.py)
+                   hint_tokens=None, hint_workers=1, bg_wait=float("inf")),
     # The January 2025 backbone's record attempt (the previous record preset): speedrun GPT 12 x 768,
     # 6 heads, seq_len 2048, ~262k tokens a step, 270 steps, then one validation (the first 10,485,760
     # FineWeb val tokens, off the clock) with hints at or below 3.28 as the target. The background index
@@ -113,7 +117,11 @@ PRESETS = {
                  block_tokens=16, ngram_rows=65_536, val_tokens=16_384, val_batch_tokens=4096,
                  hint_lengths=DEFAULT_LENGTHS, hint_repr="record", fp8="off",
                  train_files="data/local_corpus/train_*.bin", val_files="data/local_corpus/val_*.bin",
-                 log_every=10, val_every=0, hint_tokens=0, hint_workers=1, bg_wait=0.0, warmup_steps=0),
+                 log_every=10, val_every=0, warmup_steps=0, hint_workers=1,
+                 hint_tokens=16_000_000,  # more than the corpus holds (~14.4M): the whole training split
+                 # its 14.4M tokens were ready 1.6-2.0 s after the clock started on a loaded 2-core host (2 builder
+                 # workers; docs/runs.md), minutes before the last step; 60 s leaves a busier host 30x that
+                 bg_wait=60.0),
     # The January 2025 backbone's CPU demo on the local corpus (Python's standard library,
     # data/local_corpus.py; the demo before the record arch). Measured on a 2-core box: ~0.6 s per
     # step of 2 x 256 tokens, so 300 steps + 2 validations of 32,768 tokens with and without hints
@@ -137,7 +145,7 @@ PRESETS = {
                  train_index_max_tokens=LLMC_TRAIN_INDEX_TOKENS, grad_sync="overlap", compile_mode="regions",
                  hint_repr=DEFAULT_HINT_REPR),
 }
-PLANNED_PRESETS = ("record-2025", "llmc")  # their background index is sized to the node by train/plan.py
+PLANNED_PRESETS = ("record", "record-2025", "llmc")  # their background index is sized to the node by train/plan.py
 
 
 def count(minimum):
@@ -275,7 +283,7 @@ def main(argv=None):
     if args.describe:
         return print(json.dumps(describe_run(args), indent=1))
     if args.arch == "record":
-        return record_main(args)
+        return record_main(args, planned=args.preset in PLANNED_PRESETS)
     hint_files = repo_glob(args.hint_files or args.train_files)
     plan = None  # the background index sized to this node (or --node-*), before any GPU, data or allocation
     if args.plan or (args.preset in PLANNED_PRESETS and args.val_hints == "background" and args.hint_tokens != 0):

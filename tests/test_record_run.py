@@ -40,10 +40,12 @@ T, BLOCK = 128, 8            # a step's tokens, the attention block
 STEPS = 84                   # RecordSchedule's shortest run
 
 
-def documents(n, seed, bos, top):
-    """n tokens of documents (each opens with bos, 20..300 tokens) of repeated phrases of ids < top."""
+def documents(n, seed, bos, top, phrases=None):
+    """n tokens of documents (each opens with bos, 20..300 tokens) of repeated phrases of ids < top
+    (`phrases`: these, shared with other shards; default: 60 of the shard's own)."""
     rng = np.random.default_rng(seed)
-    phrases = [rng.integers(0, top, size=rng.integers(4, 16)) for _ in range(60)]
+    if phrases is None:
+        phrases = [rng.integers(0, top, size=rng.integers(4, 16)) for _ in range(60)]
     out, total = [], 0
     while total < n:
         doc = [bos]
@@ -155,6 +157,9 @@ def test_demo_record_trains_with_and_without_hints(corpus, tmp_path, hints):
     assert s["val_tokens"] == 2048 and math.isfinite(s["val_loss_nohints"])
     assert (s["val_loss_hints"] is not None) == hints and s["canonical_mask"] == hints
     assert s["train_tokens"] == 3 * 256 and s["hint_tokens_train"] == (3 * 256 if hints else 0)
+    # with hints the demo builds its background index over the whole training split; --no-hints starts no builder
+    assert s["val_index"] == ("background" if hints else None) and (s["background"] is not None) == hints
+    assert s["hint_tokens_val"] == (70_000 if hints else 0)
 
 
 def test_demo_record_validates_with_a_saved_index(corpus, tmp_path):
@@ -164,7 +169,8 @@ def test_demo_record_validates_with_a_saved_index(corpus, tmp_path):
     path = idx.save(str(tmp_path / "val.hints"))
     run_script(script_args(corpus, tmp_path, "--stop-after", "3", "--no-canonical-mask", "--val-index", path))
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["val_index"] == path and s["hint_tokens_val"] == idx.tokens_added == 70_000
+    assert s["val_index"] == "val-index" and s["hint_tokens_val"] == idx.tokens_added == 70_000
+    assert s["background"] is None  # --val-index comes first: no builder
     assert math.isfinite(s["val_loss_hints"])
 
 

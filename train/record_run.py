@@ -6,9 +6,10 @@ training-time hints' index build (local rank 0, in a thread), the prefix table, 
 tail ticks, the canonical mask, the tail ship -> the final validation (off the clock) with the
 averaged weights, the canonical mask, without and with hints -> the summary.
 
-What is not the record's here: validation hints come from the training stream's positional index as
-of the run's end, or from a saved index (--val-index, e.g. `python -m hints build` over many training
-tokens; the record's is built on the clock over 35B); the prefix table
+Validation hints (train/record_val_index.py): --val-index if given, else the node's background index,
+built on the clock over the first --hint-tokens training tokens as the record's (35B on its node) and
+waited for up to --bg-wait, else the training stream's positional index as of the run's end.
+What is not the record's here: the prefix table
 and the canonical mask need GPT-2's vocabulary (a smaller --vocab-size, the tests', runs without
 them, and the log says so); no intermediate validation, checkpoints or resume on this path.
 """
@@ -39,8 +40,9 @@ from train.positional_hints import PositionalHints, cells_to_arrays, node_direct
 from train.record_loop import Batches, RecordTrainer, record_hints
 from train.record_optim import RecordOptimizers
 from train.record_setup import record_config, record_schedule, tokens_per_rank
+from train.record_val_index import RecordValIndex, plan_record_run
 from train.run import start_run
-from train.val_hints import VAL_FOLLOWERS, open_val_index
+from train.val_hints import VAL_FOLLOWERS
 
 DEMO_FILES = "data/local_corpus/train_*.bin"
 # Threads of the canonical mask's build beside training (the record builds it on the cores its ranks leave).
@@ -137,8 +139,13 @@ def speed_line(s: dict) -> str:
             f"{s['hint_ms_per_step']:.2f}ms/step ({s['hint_share']:.1%} of step time); {mem}")
 
 
-def record_main(args):
-    run = start_run(args, None, None)
+def record_main(args, planned=False):
+    """The run; planned: the preset's background index is sized to the node (train/plan.py)."""
+    hint_files = repo_glob(args.hint_files or args.train_files)
+    plan = plan_record_run(args, hint_files, planned)
+    if args.plan:
+        return print(plan.to_json())
+    run = start_run(args, plan, hint_files)
     d, log = run.d, run.log
     schedule = record_schedule(args)
     train_files, loader, reader = open_record_data(args, d, log, schedule)
@@ -175,6 +182,7 @@ def record_main(args):
 
     hints = hints if positional else None
     trainer = RecordTrainer(model, table, optimizers, schedule, sampled, device=d.device, hints=hints)
+    val_source = RecordValIndex(args, d, log, run.run_id, hint_files, plan)  # the background builder starts here
     params = sum(p.numel() for p in model.parameters())
     log(f"model: record {cfg.model_dim} wide, {cfg.n_head} heads of {cfg.head_dim}, {params / 1e6:.2f}M parameters, "
         f"n-gram table {args.ngram_rows:,} x {cfg.model_dim} ({d.world_size} shard(s)), fp8 {cfg.fp8}")
@@ -195,9 +203,11 @@ def record_main(args):
     steps = min(schedule.steps, args.stop_after or schedule.steps)  # the steps this run trains
 
     # -- the clock ----------------------------------------------------------------------------------------
+    val_source.arm()  # untimed: the builder reserves its table and reads its shards, then waits for the clock
     d.barrier()
     d.sync()
     t0 = time.perf_counter()
+    val_source.clock_started()
     if positional is not None and d.local_rank == 0:  # its build is training-side work: on the clock
         positional.start_build(train_files, steps, log=log, loader=loader(cut, rank=0))
     gpt2_vocab = args.vocab_size >= VOCAB_SIZE
@@ -224,6 +234,7 @@ def record_main(args):
         optimizers.ship()
     d.sync()
     train_s = time.perf_counter() - t0
+    val_source.clock_stopped()
     log(f"training: {steps} of {schedule.steps} steps in {train_s:.1f}s; "
         f"{'tail-averaged weights' if steps == schedule.steps else 'stopped early: the last iterate, no tail ship'}; "
         f"prefix term {'on' if gpt2_vocab else 'off (not GPT-2 vocabulary)'}, "
@@ -235,10 +246,11 @@ def record_main(args):
         if d.local_rank == 0:
             positional.wait_built()
         d.barrier()
-        # --val-index (a saved index, e.g. over many training tokens, as the record's), else the training stream's
-        val_index = (open_val_index(args.val_index, args.hint_lengths, log, record=True) if args.val_index
-                     else positional.trained(steps))
+        # --val-index, else the background index (a wait for it is training time), else the training stream's
+        val_index, waited = val_source.final(positional.trained(steps))
+        train_s += waited
 
+    if val_index is not None:
         def val_hints(tokens):
             cells = val_index.lookup_cells(tokens, max_followers=VAL_FOLLOWERS, boundary=BOS)
             return record_hints(*cells_to_arrays(cells, 1, len(tokens)), d.device)
@@ -247,9 +259,9 @@ def record_main(args):
     res = trainer.validate(reader, val_hints=val_hints, canon_mask=canon_mask, dist=d)
     val_s = time.perf_counter() - t_val
     hinted = f"{res['val_loss_hints']:.4f}" if res["val_loss_hints"] is not None else "n/a"
+    source = f"hints from the {val_source.source.kind} index" if val_source.source else "no hints"
     log(f"step {steps}/{schedule.steps} val_loss_hints {hinted} val_loss_nohints {res['val_loss_nohints']:.4f} "
-        f"[{res['val_tokens']:,} val tokens, hints from {'--val-index' if args.val_index else 'the training stream'}, "
-        f"canonical mask "
+        f"[{res['val_tokens']:,} val tokens, {source}, canonical mask "
         f"{'on' if canon_mask is not None else 'off'}, train_time {train_s:.1f}s]")
     speed = step_speed(cfg, schedule, steps, loop_s, hint_s[0], d)
     log(speed_line(speed))
@@ -263,14 +275,19 @@ def record_main(args):
                    hint_tokens_train=steps * schedule.tokens_per_step if positional is not None else 0,
                    train_time_s=train_s,
                    tail_shipped=steps == schedule.steps, warmup=args.record_warmup, no_hints=args.no_hints,
-                   canonical_mask=canon_mask is not None, val_index=args.val_index if val_index is not None else None,
-                   hint_tokens_val=int(val_index.tokens_added) if val_index is not None else 0,
+                   canonical_mask=canon_mask is not None,
+                   **val_source.facts(attempt=args.preset == "record" and steps == schedule.steps),
                    prefix_term=gpt2_vocab, train_losses=[x.item() / T for x in losses],
                    param_digests=d.gather(weights_digest(model)), **res)
     if d.master and args.summary_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=1)
+    val_source.close()
+    if summary["record_valid"] is False:
+        log(f"record attempt FAILED: {summary['record_reason']}")
     log.close()
     d.close()
+    if summary["record_valid"] is False:
+        raise SystemExit(1)
     return summary
