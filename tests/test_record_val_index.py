@@ -111,5 +111,9 @@ def test_record_preset_plans_its_background_index_for_the_record_node():
     assert p.returncode == 0, p.stderr[-2000:]
     plan = json.loads(p.stdout)
     assert plan["hint_tokens"] == 35_000_000_000 and plan["n_ranks"] == 8 and plan["train_seconds"] == 7.065
+    # per GPU, the 8 ranks' share: the record's 13.0 GB (its table shard 11.6 GB) of an 80 GB H100
+    gpu = plan["gpu_memory"]
+    assert gpu["total"] == sum(v for k, v in gpu.items() if k not in ("total", "h100_share"))
+    assert round(gpu["total"] / 1e9, 1) == 13.0 and 0.15 < gpu["h100_share"] < 0.2
     geometry = plan["geometry"]
     assert (geometry["partition_bits"], geometry["bucket_bits"], geometry["slots"]) == (14, 14, 176)

@@ -39,7 +39,7 @@ from train.meter import H100_BF16_DENSE_PEAK_FLOPS
 from train.positional_hints import PositionalHints, cells_to_arrays, node_directory
 from train.record_loop import Batches, RecordTrainer, record_hints
 from train.record_optim import RecordOptimizers
-from train.record_setup import record_config, record_schedule, tokens_per_rank
+from train.record_setup import record_config, record_gpu_memory, record_schedule, tokens_per_rank
 from train.record_val_index import RecordValIndex, plan_record_run
 from train.run import start_run
 from train.val_hints import VAL_FOLLOWERS
@@ -143,8 +143,8 @@ def record_main(args, planned=False):
     """The run; planned: the preset's background index is sized to the node (train/plan.py)."""
     hint_files = repo_glob(args.hint_files or args.train_files)
     plan = plan_record_run(args, hint_files, planned)
-    if args.plan:
-        return print(plan.to_json())
+    if args.plan:  # the node's host plan and, per GPU, what its ranks hold (train/record_memory.py)
+        return print(json.dumps({**plan.to_dict(), "gpu_memory": record_gpu_memory(args, plan.n_ranks)}, indent=1))
     run = start_run(args, plan, hint_files)
     d, log = run.d, run.log
     schedule = record_schedule(args)

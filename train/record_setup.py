@@ -59,6 +59,19 @@ def record_config(args, schedule=None):
         raise SystemExit(f"error: model: {e}") from None
 
 
+def record_gpu_memory(args, world: int, model=None) -> dict:
+    """train/record_memory.py's bytes per GPU on `world` ranks between steps (the model, its optimizer state,
+    the n-gram table's shard, the tail averages; not the activations) and the share of an H100 they take;
+    --describe and --plan print it."""
+    from model.record_gpt import RecordGPT
+    if model is None:
+        with torch.device("meta"):
+            model = RecordGPT(record_config(args), world_size=world)
+    return record_memory_per_gpu(model.labelled_params(), world_size=world, ngram_rows=args.ngram_rows,
+                                 dim=args.n_embd, tokens_per_rank=tokens_per_rank(args, world),
+                                 val_tokens_per_rank=args.val_batch_tokens // world)
+
+
 def record_card(args) -> dict:
     """RecordGPT.describe() on the meta device, then the recipe (the module docstring)."""
     from model.record_gpt import RecordGPT
@@ -68,9 +81,7 @@ def record_card(args) -> dict:
     card = dict(model.describe())
     recipe = record_schedule(args).describe()
     T = tokens_per_rank(args, world)
-    memory = record_memory_per_gpu(model.labelled_params(), world_size=world, ngram_rows=args.ngram_rows,
-                                   dim=args.n_embd, tokens_per_rank=T,
-                                   val_tokens_per_rank=args.val_batch_tokens // world)
+    memory = record_gpu_memory(args, world, model)
     recipe.update(world_size=world, tokens_per_rank=T, memory_per_gpu=memory,
                   val_tokens=args.val_tokens, canonical_mask=not args.no_canonical_mask,
                   hints=not args.no_hints)
