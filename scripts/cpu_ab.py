@@ -249,7 +249,8 @@ def hints_table(out):
     out = Path(out)
     runs = {}
     for f in sorted(out.glob("*-s*.json")):
-        corpus, arm, seed = f.stem.rsplit("-", 2)
+        corpus, rest = f.stem.split("-", 1)  # corpus names have no '-', arm names may
+        arm, seed = rest.rsplit("-", 1)
         runs.setdefault((corpus, arm), {})[int(seed[1:])] = json.loads(f.read_text())
     recipe = json.loads((out / "recipe.json").read_text())["recipe"] if (out / "recipe.json").exists() else []
 
@@ -265,7 +266,8 @@ def hints_table(out):
         return [b[s][base_key] - a[s][key] for s in sorted(a.keys() & b.keys())
                 if a[s][key] is not None and b[s][base_key] is not None]
 
-    lines = [f"recipe: train_gpt.py --preset demo-2025 {' '.join(recipe)}".rstrip(), "",
+    lines = [f"every run: train_gpt.py --preset demo-2025, then the arm's flags (scripts/cpu_ab.py ARMS), then "
+             f"the recipe: {' '.join(recipe) or '(none)'}", "",
              "| corpus | arm | val loss with hints | val loss without hints | gain over --no-hints (paired) | ms/step |",
              "|---|---|---|---|---|---|"]
     for (corpus, arm), rs in sorted(runs.items()):
