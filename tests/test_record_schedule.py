@@ -122,12 +122,13 @@ def test_block_size_and_vocabulary_set_token_lengths_and_candidates():
 
 def test_the_models_exact_fp8_refreshes_follow_the_schedule():
     """record_config hands the schedule's scaled count to the MLP's fp8 scales (16 at 570 steps, 2 at 84)."""
+    from argparse import Namespace
     from model.record_gpt import RecordGPT
     from train.record_setup import record_config
-    from train_gpt import parse_args
-    for preset, exact in (("record", 16), ("demo", 2)):
-        args = parse_args(["--preset", preset, "--n-embd", "64", "--n-head", "2", "--ngram-rows", "4096"])
+    for steps, exact in ((570, 16), (84, 2)):
+        args = Namespace(steps=steps, block_tokens=16, tokens_per_step=1024, vocab_size=50257, n_embd=64, n_head=2,
+                         hint_repr="record", hint_lengths=(6, 10, 20), ngram_rows=4096, fp8="on")
         cfg = record_config(args)
-        assert cfg.fp8_exact_refreshes == RecordSchedule(args.steps).fp8_exact_refreshes == exact
+        assert cfg.fp8_exact_refreshes == RecordSchedule(steps).fp8_exact_refreshes == exact
         with torch.device("meta"):
             assert RecordGPT(cfg).fp8_mlp_scales.exact_refreshes == exact

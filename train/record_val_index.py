@@ -22,7 +22,7 @@ from hints import Geometry
 from hints.index import compile_kernels
 from train.placement import pin_cuda_rank
 from train.plan import (ARTICLE_TRAIN_S, FINEWEB100B_TRAIN_TOKENS, FINEWEB_SHARD_TOKENS, NODE_FLAGS, RECORD_RANKS,
-                        PlanError, model_params, plan_from_args)
+                        PlanError, model_params, plan_from_args, tokens_on_disk)
 from train.val_hints import (arm_background, open_val_index, pick_index, record_verdict, start_background,
                              wait_for_background)
 
@@ -75,11 +75,11 @@ def plan_record_run(args, hint_files, planned):
     builds = not args.no_hints and not args.val_index and args.hint_tokens != 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.plan or (planned and builds):
-        plan = plan_record_index(args, hint_files, device)
-        if not args.plan and plan.fetch_tokens:  # a run fetches nothing: the plan of the tokens its shards hold
-            on_disk = min(plan.hint_tokens, plan.node["tokens_on_disk"])
-            args.hint_tokens = on_disk
-            plan = plan_record_index(args, hint_files, device) if on_disk else None
+        if not args.plan and args.hint_tokens is None:  # a run fetches nothing: it plans the tokens its shards
+            # hold (at most the record's), not the plan's corpus it would have to fetch, so a small corpus gets
+            # its whole index whatever memory the node has left for a large one
+            args.hint_tokens = min(RECORD_ARCH_HINT_TOKENS, tokens_on_disk(hint_files))
+        plan = plan_record_index(args, hint_files, device) if args.plan or args.hint_tokens else None
         if plan is not None and not args.plan:
             args.hint_tokens = plan.hint_tokens
     args.hint_tokens = args.hint_tokens or 0
