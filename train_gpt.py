@@ -70,11 +70,12 @@ LLMC_LENGTHS = (5, 6, 10, 20)
 # before (the article: 28 s), and later hints are dropped, not wrong. A short run gets a small one.
 LLMC_TRAIN_INDEX_TOKENS = 1_000_000_000
 GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 128)
-# Every preset's hint representation. The CPU A/B that made "lengths" the default measured a port
-# defect (the record's hints read an input table the LM head never saw); its rerun on the fixed code
-# (docs/hints_ab.md: one seed, one corpus on a shared 2-core host) put the two 0.013 apart, each
-# about 0.2 below --no-hints, which picks neither, so the default stays as it was until a fuller
-# A/B does. "record" (the record's cells and its positional index): --hint-repr record.
+# The hint representation of the presets on the speedrun and gpt2 archs (the record arch reads the
+# record's cells only). Set by the CPU A/B of docs/hints_ab.md (3 seeds, paired, width 128, 150 steps,
+# the LM head's rows in both): on man-page prose "lengths" reached a val loss with hints 0.147 lower
+# than "record" (median; 0.085-0.179 lower, every seed); on Python source they tied ("lengths" 0.007
+# lower at the median; from 0.011 lower to 0.071 higher). "record" (the record's cells and its
+# positional index): --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
 # The record's validation batch: 262,144 tokens a rank on its 8 ranks (data/packed_loader.py).
