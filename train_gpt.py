@@ -74,8 +74,9 @@ GPT2_HEADS = 12  # GPT-2 124M has 12 heads of 64 (the speedrun record uses 6 of 
 # record's cells only). Set by the CPU A/B of docs/hints_ab.md (3 seeds, paired, width 128, 150 steps,
 # the LM head's rows in both): on man-page prose "lengths" reached a val loss with hints 0.147 lower
 # than "record" (median; 0.085-0.179 lower, every seed); on Python source they tied ("lengths" 0.007
-# lower at the median; from 0.011 lower to 0.071 higher). "record" (the record's cells and its
-# positional index): --hint-repr record.
+# lower at the median; from 0.011 lower to 0.071 higher); at the demo-2025 preset on Python source
+# "lengths" was 0.069 lower (0.053-0.147, every seed). "record" (the record's cells and its positional
+# index): --hint-repr record.
 DEFAULT_HINT_REPR = "lengths"
 
 # The record's validation batch: 262,144 tokens a rank on its 8 ranks (data/packed_loader.py).
