@@ -7,12 +7,11 @@ builder started here, on the cores no rank uses) or exact counts of the val n-gr
 (train/val_hints.py). The Numba kernels are compiled (or loaded from their cache) here, untimed.
 """
 from data.loader import resolve_files
-from hints import Geometry, HintIndex
-from hints.index import compile_kernels
+from hints import HintIndex
 from train.placement import pin_cuda_rank
 from train.plan import train_index_geometry
 from train.positional_hints import PositionalHints, node_directory
-from train.val_hints import count_exact_val_hints, open_val_index, start_background
+from train.val_hints import count_exact_val_hints, log_kernels_ready, open_val_index, start_run_background
 
 
 def open_hint_indexes(run):
@@ -30,8 +29,7 @@ def open_hint_indexes(run):
         log(f"training-time hint index (per rank): {run.geom.describe()}" if run.geom
             else "training-time hints: off (--no-hints)")
     if run.geom or run.positional or args.val_index or args.val_hints == "background":
-        log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
-            f"Numba's cache; untimed)")
+        log_kernels_ready(lengths, log)
     run.val_index = open_val_index(args.val_index, lengths, log, record=run.record) if args.val_index else None
     if args.switch_hints_at and (not run.with_background
                                  or set(resolve_files(run.hint_files)) & set(resolve_files(run.train_files))):
@@ -41,13 +39,8 @@ def open_hint_indexes(run):
     if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
         builder_cpus = pin_cuda_rank(d.local_rank, d.local_world_size, 1 + args.hint_workers, log)
     if run.with_background:
-        plan = run.plan
-        geometry = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, lengths)
-                                               if args.hint_geometry else None)
-        run.background = start_background(run.hint_files, args.hint_tokens, lengths, geometry, run.run_id, d,
-                                          args.hint_workers, builder_cpus, log,
-                                          workers=plan.builder_threads if plan else None,
-                                          seal=getattr(args, "bg_seal", True))
+        run.background = start_run_background(args, run.plan, run.hint_files, run.run_id, d, builder_cpus, log,
+                                              seal=getattr(args, "bg_seal", True))
     if args.val_hints != "background":
         run.exact = count_exact_val_hints(args.val_hints, run.val_tokens, run.hint_files, args.hint_tokens, lengths,
                                           seq_len=run.seq_len, batch_size=args.val_batch_size, dist=d, log=log,

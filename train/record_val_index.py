@@ -18,13 +18,11 @@ import time
 
 import torch
 
-from hints import Geometry
-from hints.index import compile_kernels
 from train.placement import pin_cuda_rank
 from train.plan import (ARTICLE_TRAIN_S, FINEWEB100B_TRAIN_TOKENS, FINEWEB_SHARD_TOKENS, NODE_FLAGS, RECORD_RANKS,
                         PlanError, model_params, plan_from_args, tokens_on_disk)
-from train.val_hints import (arm_background, open_val_index, pick_index, record_verdict, start_background,
-                             wait_for_background)
+from train.val_hints import (arm_background, log_kernels_ready, open_val_index, pick_index, record_verdict,
+                             start_run_background, wait_for_background)
 
 # The training-time positional index's memory per trained token: one row of 64-bit words per position
 # (key, position|follower|reach, one fingerprint per longer length: hints/positional/positional_index.py),
@@ -109,19 +107,11 @@ class RecordValIndex:
         if not self.with_background:
             return
         # the builder and the final validation's lookups load the kernels from Numba's cache: untimed, here
-        log(f"hint kernels: ready in {compile_kernels(args.hint_lengths):.1f}s (compiled once per checkout, then "
-            f"loaded from Numba's cache; untimed)")
+        log_kernels_ready(args.hint_lengths, log)
         cpus = None
         if d.cuda:  # each rank on cores of its GPU's NUMA node; the builder on the cores no rank uses
             cpus = pin_cuda_rank(d.local_rank, d.local_world_size, 1 + args.hint_workers, log)
-        try:
-            geometry = plan.geometry if plan else (
-                Geometry.parse(args.hint_geometry, args.hint_tokens, args.hint_lengths) if args.hint_geometry else None)
-        except ValueError as e:
-            raise SystemExit(f"error: argument --hint-geometry: {e}") from None
-        self.background = start_background(hint_files, args.hint_tokens, args.hint_lengths, geometry, run_id, d,
-                                           args.hint_workers, cpus, log,
-                                           workers=plan.builder_threads if plan else None)
+        self.background = start_run_background(args, plan, hint_files, run_id, d, cpus, log)
 
     def arm(self):
         """Before the clock (every rank): wait until the builder is armed (at most --bg-wait; inf: until

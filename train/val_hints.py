@@ -14,8 +14,9 @@ from typing import NamedTuple
 import numpy as np
 
 from data.loader import iter_tokens, read_tokens
-from hints import HintIndex
+from hints import Geometry, HintIndex
 from hints.cells import BOS
+from hints.index import compile_kernels
 from hints.index.background import BUILDING, start_for_node
 from hints.positional import DEFAULT_CAP, PositionalIndex, exact_cells
 from hints.positional import MAGIC as POSITIONAL_MAGIC
@@ -226,6 +227,24 @@ def start_background(hint_files, hint_tokens, lengths, geometry, run_id, dist, h
         if background.process is not None:
             lower_priority(background.process.pid)  # training ranks first where cores are shared
     return background
+
+
+def log_kernels_ready(lengths, log):
+    """Compile the hint kernels (or load them from Numba's cache) before the clock, and say how long it took."""
+    log(f"hint kernels: ready in {compile_kernels(lengths):.1f}s (compiled once per checkout, then loaded from "
+        f"Numba's cache; untimed)")
+
+
+def start_run_background(args, plan, hint_files, run_id, dist, cpus, log, seal=True):
+    """start_background for a run's flags: the plan's geometry and builder threads, else --hint-geometry
+    (a bad one ends the run naming the flag), else the builder's own sizing."""
+    try:
+        geometry = plan.geometry if plan else (Geometry.parse(args.hint_geometry, args.hint_tokens, args.hint_lengths)
+                                               if args.hint_geometry else None)
+    except ValueError as e:
+        raise SystemExit(f"error: argument --hint-geometry: {e}") from None
+    return start_background(hint_files, args.hint_tokens, args.hint_lengths, geometry, run_id, dist, args.hint_workers,
+                            cpus, log, workers=plan.builder_threads if plan else None, seal=seal)
 
 
 def arm_background(background, meter, dist, log, timeout_s=None):
