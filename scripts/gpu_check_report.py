@@ -31,7 +31,7 @@ RECOMPILE_LINE = "Recompiling function"  # TORCH_LOGS=recompiles
 FIELDS = ("device", "world_size", "preset", "arch", "steps", "steps_trained", "tokens_per_step", "tokens_per_rank",
           "ngram_rows", "tokens_per_s", "step_ms", "flops_per_token", "mfu", "hint_ms_per_step", "hint_share",
           "val_loss_hints", "val_loss_nohints", "val_tokens", "peak_memory_gib", "train_time_s", "warmup_time_s",
-          "val_time_s", "tail_shipped", "hint_tokens_val", "no_hints", "log_file")
+          "val_time_s", "tail_shipped", "val_index", "val_index_reason", "hint_tokens_val", "no_hints", "log_file")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --dry-run: the record preset at tiny shapes on the CPU, the flags gpu_check.sh's dry run gives its two runs
 DRY_FLAGS = ["--preset", "record", "--n-embd", "64", "--n-head", "4", "--block-tokens", "16", "--steps", "84",
@@ -154,7 +154,7 @@ def main(argv):
     row("recompiles (TORCH_LOGS=recompiles)", lambda s: num(compiles.get(id(s)), "{:d}"))
 
     if h is not None:
-        print(f"hinted run's validation hints: the training stream's positional index, "
+        print(f"hinted run's validation hints: the {h.get('val_index')} index ({h.get('val_index_reason')}), "
               f"{h.get('hint_tokens_val', 0):,} tokens")
         if h.get("val_loss_hints") is not None and h.get("val_loss_nohints") is not None:
             print(f"hint gain at validation (hinted run): {h['val_loss_nohints'] - h['val_loss_hints']:+.4f} "
