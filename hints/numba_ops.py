@@ -2,9 +2,9 @@
 fence, an atomic claim counter, views without a reference count, and the fmix64 mixer.
 
 Intrinsics (`numba.extending.intrinsic`) emit one LLVM instruction each where Numba has no
-spelling for it: a prefetch, a store marked non-temporal (x86 movnti, or one 64-byte vector
-store), a sequentially consistent fence, an atomic add. `fmix64` is MurmurHash3's 64-bit
-finaliser, a bijection on uint64 that every hash here ends in.
+spelling for it: a prefetch, a 64-byte vector store marked non-temporal, a sequentially
+consistent fence, an atomic add. `fmix64` is MurmurHash3's 64-bit finaliser, a bijection on
+uint64 that every hash here ends in.
 """
 import numba
 import numpy as np
@@ -53,22 +53,6 @@ def unmanaged(typingctx, arr):
         out.parent = cgutils.get_null_value(out.parent.type)
         return out._getvalue()
     return arr(arr), codegen
-
-
-@intrinsic
-def stream_store(typingctx, dst, i, j, v):
-    """dst[i, j] = v as one non-temporal store (movnti): the word goes to memory through a
-    write-combining buffer, and its line is neither read first nor kept in cache. Weakly
-    ordered: store_fence() before another core reads it."""
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        idx = [context.cast(builder, args[k], signature.args[k], types.intp) for k in (1, 2)]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
-        store = builder.store(context.cast(builder, args[3], signature.args[3], aryty.dtype), ptr)
-        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-        return context.get_dummy_value()
-    return types.void(dst, i, j, v), codegen
 
 
 @intrinsic

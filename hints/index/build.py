@@ -15,7 +15,7 @@ ns/token; the record step's add is unchanged). Stage 2 (`stage2_place`): workers
 partitions in turn, largest first, take each one's slots in chunk order (= stream order) and
 place each in its first bucket while it has room, else its second, else drop it: through a
 line of 8 per bucket that goes to the table whole, in one non-temporal 64-byte store, once full
-(`place_run`; a partition with few slots a bucket stores each alone), prefetching the fill of
+(`place_run`; a partition with few slots a bucket stores each alone, with a plain store), prefetching the fill of
 the partition it takes next.
 So the bytes do not depend on the worker count or on which worker took which chunk or partition. A slot
 whose two buckets are both full already is not staged at all (stage 1 reads one bit per
@@ -24,7 +24,7 @@ bucket, `full_buckets`, which stage 2 keeps current).
 import numba
 import numpy as np
 
-from ..numba_ops import atomic_add, fmix64, prefetch1, store_fence, stream_line, stream_store, unmanaged
+from ..numba_ops import atomic_add, fmix64, prefetch1, store_fence, stream_line, unmanaged
 from .geometry import SLOTS_PER_LINE
 from .hashing import HASH_BLOCK, HASH_MULT, bucket_pair, hash_block, init_states, roll, slot_key
 
@@ -196,15 +196,17 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
     Slots are not stored one by one: each goes into its bucket's line of 8 in `lines` (this
     worker's, one 64-byte line per bucket of a partition: 1 MiB at 2^14 buckets, L2-resident),
     and a line is streamed to the table whole (stream_line: one 64-byte non-temporal store, no
-    read of the line) once its 8th slot is in (the record's builder does the same). A slot stored
-    alone (an 8-byte non-temporal store into a random line) leaves a partial line in a
-    write-combining buffer, which memory then has to read, merge and write back. The lines a pass
-    does not fill are written slot by slot at its end (flush_lines), as is the first line of a
+    read of the line) once its 8th slot is in (the record's builder does the same). The lines a
+    pass does not fill are written slot by slot at its end (flush_lines), as is the first line of a
     bucket that already held slots of an earlier add: its other slots are in the table, not in
     `lines` (base[b], the fill when the pass first touched bucket b, says which slots are new),
     and every line of a table whose rows do not start on 64-byte lines (whole_lines false).
     Without use_lines (a partition with few slots a bucket, where lines would stay partial)
-    each slot is stored alone, with a non-temporal store (no read of its line).
+    each slot is stored alone. Slots stored alone or slot by slot use plain stores: an 8-byte
+    non-temporal store leaves a partial line in a write-combining buffer, which memory then
+    has to read, merge and write back, and on a Xeon (family 6 model 207) random ones took
+    ~49 ns a store against ~14 ns for plain ones (the record step's add took 0.47x the time
+    with plain stores, stage 2 of a build at 16 partitions 0.67x; in-process A/B).
     A bucket's line is this pass's when stamp[b] == epoch, and then b is in touched[:n_touched].
 
     Meanwhile the fill row of the partition to come, fnext, is prefetched: one line every
@@ -221,7 +223,7 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
         b = b2 if fp[b1] >= slots else b1
         f = np.int64(fp[b])
         if f < slots and not use_lines:
-            stream_store(tp, b, f, slot)
+            tp[b, f] = slot
             fp[b] = f + 1
             if f + 1 == slots:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
@@ -240,7 +242,7 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
                     stream_line(tp, b, lo, lines, b, 0)
                 else:  # its first slots came from an earlier add (or the table's rows are not line-aligned)
                     for x in range(base[b], f + 1):
-                        stream_store(tp, b, x, lines[b, x & (SLOTS_PER_LINE - 1)])
+                        tp[b, x] = lines[b, x & (SLOTS_PER_LINE - 1)]
             if f + 1 == slots:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
         else:
@@ -257,7 +259,7 @@ def flush_lines(tp, fp, lines, base, touched, n_touched):
         f = np.int64(fp[b])
         lane = f & (SLOTS_PER_LINE - 1)
         for x in range(max(base[b], f - lane), f):
-            stream_store(tp, b, x, lines[b, x & (SLOTS_PER_LINE - 1)])
+            tp[b, x] = lines[b, x & (SLOTS_PER_LINE - 1)]
 
 
 @numba.njit(cache=True, inline="always")
