@@ -105,15 +105,17 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20), threads=RECORD_
 def projection(res, log, tokens=RECORD_BUILD_TOKENS, threads=RECORD_BUILD_THREADS, bandwidth=NODE_BANDWIDTH,
                bytes_per_token=BYTES_PER_TOKEN):
     """Seconds this host's CPU class would take for the record's build (`tokens` on `threads`
-    threads), from this run's own rows: the per-core rates of the 1-worker build at the record's
-    2^14 partitions (stage 1, compute; stage 2, memory-bound, at this host's memory), one thread
-    doing both in turn; and memory bandwidth, the host's 1-core copy rate times the threads, at
-    most the record node's. The larger of the two binds; it is set against the record's
+    threads), from this run's own rows: the per-core rates of the 1-worker builds, one thread doing
+    both stages in turn: stage 1 (compute) from the build at 2^14 partitions, the record's count
+    (its 1 MiB of burst lines), and stage 2 (memory) from the build at the bench's own geometry,
+    whose partitions have the record's 2^14 buckets of 176 slots (22 MiB each; the build at 2^14
+    partitions keeps the table's size, so its partitions are 16 buckets, 22 KiB, and its stage 2
+    runs in cache); and memory bandwidth, the host's 1-core copy rate times the threads, at most
+    the record node's. The larger of the two binds; it is set against the record's
     RECORD_BUILD_SECONDS."""
-    stages = res["stages_many"][1]
-    s1 = float(np.median([st["stage1"] for st in stages]))
-    s2 = float(np.median([st["stage2"] for st in stages]))
     n = res["train_tokens"]
+    s1 = float(np.median([st["stage1"] for st in res["stages_many"][1]]))
+    s2 = float(np.median([st["stage2"] for st in res["stages"][1]]))
     per_thread = n / (s1 + s2)
     cores_s = tokens / (threads * per_thread)
     bw = min(threads * res["figures"]["memcpy_1w"]["median"], bandwidth)
@@ -123,7 +125,8 @@ def projection(res, log, tokens=RECORD_BUILD_TOKENS, threads=RECORD_BUILD_THREAD
     cpu = res["cpu"]
     log(f"projection for the record's build ({tokens / 1e9:.0f}B tokens on {threads} threads; it took "
         f"{RECORD_BUILD_SECONDS} s) at this host's per-core rates ({cpu['model']}, LLVM {cpu['llvm_target']}): "
-        f"stage 1 {n / s1 / 1e6:.1f}M + stage 2 {n / s2 / 1e6:.1f}M tok/s = {per_thread / 1e6:.1f}M tok/s a thread "
+        f"stage 1 {n / s1 / 1e6:.1f}M (at 2^14 partitions) + stage 2 {n / s2 / 1e6:.1f}M tok/s (2^{res['geometry']['bucket_bits']} "
+        f"buckets a partition) = {per_thread / 1e6:.1f}M tok/s a thread "
         f"-> cores {cores_s:.1f} s; {bytes_per_token} B/token at {bw / 1e9:.0f} GB/s ({threads} x this host's 1-core "
         f"copy, at most {bandwidth / 1e9:.0f}) -> memory {memory_s:.1f} s; {bound} binds: {seconds:.1f} s, "
         f"{seconds / RECORD_BUILD_SECONDS:.1f}x the record's")
