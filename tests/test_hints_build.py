@@ -18,8 +18,10 @@ def build(geom, stream, workers, chunk, parts=1):
     return idx
 
 
+# the fourth: several partitions whose adds bring 8 or more slots a bucket, so stage 2 goes through
+# bucket lines in every add, and a bucket's last line often holds slots of an earlier add
 @pytest.mark.parametrize("geom", [Geometry(4, 6, 16, (6, 10, 20)), Geometry(0, 6, 64, (2, 3)),
-                                  Geometry(8, 2, 8, (3, 5, 8, 13))], ids=str)
+                                  Geometry(8, 2, 8, (3, 5, 8, 13)), Geometry(2, 4, 64, (2, 3))], ids=str)
 def test_any_workers_and_chunks_give_one_workers_bytes(geom):
     stream = phrase_stream(1, 12000, 16, 200, 12)
     fill, table, dropped = reference_slots(geom, stream)

@@ -187,11 +187,10 @@ def staged_sizes(heads, block_len, block_next):
 
 
 @numba.njit(cache=True, inline="always")
-def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, lines, stamp, base, touched, n_touched,
-              epoch, whole_lines, use_lines):
+def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, lines, base, whole_lines, use_lines):
     """Place row[a:e] in partition tp/fp: first bucket while it has room, else the second, else
     drop; a bucket that fills up gets its bit in fullp (full_buckets). Returns (drops, the next
-    fill line to prefetch, buckets touched so far).
+    fill line to prefetch).
 
     Slots are not stored one by one: each goes into its bucket's line of 8 in `lines` (this
     worker's, one 64-byte line per bucket of a partition: 1 MiB at 2^14 buckets, L2-resident),
@@ -199,15 +198,14 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
     read of the line) once its 8th slot is in (the record's builder does the same). The lines a
     pass does not fill are written slot by slot at its end (flush_lines), as is the first line of a
     bucket that already held slots of an earlier add: its other slots are in the table, not in
-    `lines` (base[b], the fill when the pass first touched bucket b, says which slots are new),
-    and every line of a table whose rows do not start on 64-byte lines (whole_lines false).
+    `lines` (base[b], the bucket's fill when the partition's pass began, says which slots are
+    new), and every line of a table whose rows do not start on 64-byte lines (whole_lines false).
     Without use_lines (a partition with few slots a bucket, where lines would stay partial)
     each slot is stored alone. Slots stored alone or slot by slot use plain stores: an 8-byte
     non-temporal store leaves a partial line in a write-combining buffer, which memory then
     has to read, merge and write back, and on a Xeon (family 6 model 207) random ones took
     ~49 ns a store against ~14 ns for plain ones (the record step's add took 0.47x the time
     with plain stores, stage 2 of a build at 16 partitions 0.67x; in-process A/B).
-    A bucket's line is this pass's when stamp[b] == epoch, and then b is in touched[:n_touched].
 
     Meanwhile the fill row of the partition to come, fnext, is prefetched: one line every
     FILL_PREFETCH_STRIDE slots, from line pf on. A partition's fill lines are cold when it starts
@@ -228,37 +226,33 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
             if f + 1 == slots:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
         elif f < slots:
-            if stamp[b] != epoch:
-                stamp[b] = epoch
-                base[b] = f
-                touched[n_touched] = b
-                n_touched += 1
             lane = f & (SLOTS_PER_LINE - 1)
             lines[b, lane] = slot
             fp[b] = f + 1
             if lane == SLOTS_PER_LINE - 1:  # the line is complete
                 lo = f - lane
-                if whole_lines and base[b] <= lo:
+                b0 = np.int64(base[b])
+                if whole_lines and b0 <= lo:
                     stream_line(tp, b, lo, lines, b, 0)
                 else:  # its first slots came from an earlier add (or the table's rows are not line-aligned)
-                    for x in range(base[b], f + 1):
+                    for x in range(max(b0, lo), f + 1):
                         tp[b, x] = lines[b, x & (SLOTS_PER_LINE - 1)]
             if f + 1 == slots:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
         else:
             drops += 1
-    return drops, pf, n_touched
+    return drops, pf
 
 
 @numba.njit(cache=True, inline="always")
-def flush_lines(tp, fp, lines, base, touched, n_touched):
-    """Write the slots of the lines this pass left partial (place_run): each touched bucket's
-    last line, from its first new slot on, slot by slot."""
-    for t in range(n_touched):
-        b = touched[t]
+def flush_lines(tp, fp, lines, base):
+    """Write the slots of the lines a partition's pass left partial (place_run): each bucket's
+    last line, from its first new slot on, slot by slot (a pass over the partition's buckets:
+    1/55 of a build's slots at 16 partitions)."""
+    for b in range(fp.shape[0]):
         f = np.int64(fp[b])
         lane = f & (SLOTS_PER_LINE - 1)
-        for x in range(max(base[b], f - lane), f):
+        for x in range(max(np.int64(base[b]), f - lane), f):
             tp[b, x] = lines[b, x & (SLOTS_PER_LINE - 1)]
 
 
@@ -281,7 +275,7 @@ def partition_slots(p, heads, owner, counts_t, block_len, block_next):
 
 @numba.njit(cache=True, nogil=True)
 def stage2_place(order, claims, arena, block_len, block_next, heads, owner, counts_t, table, fill, full, bucket_bits,
-                 shift0, dropped, cursor, lines, stamp, base, touched, epoch):
+                 shift0, dropped, cursor, lines, base):
     """One stage-2 worker: claim partitions from `order` (the next unclaimed one each time, from
     the shared counter claims[0]; a worker that finishes early takes the rest, and a late one
     holds up only the partition it is on) and place each one's staged slots in stream order:
@@ -289,15 +283,14 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
     chunk c; stage 1's counts transposed, so a partition's are contiguous), or, with one stage-1
     worker (no chunks recorded), along its chain. Partitions share nothing, so the bytes do not
     depend on who placed which. cursor (2, workers), the bucket lines `lines` (buckets, 8) and
-    stamp, base, touched (buckets,) and epoch (1,) (place_run) are this worker's own, allocated
-    by the caller as stage 1's buffers are; epoch[0] counts the partitions it has placed, so
-    that stamps never need clearing."""
+    base (buckets,), each bucket's fill when the partition's pass began (place_run), are this
+    worker's own, allocated by the caller as stage 1's buffers are."""
     n_workers = heads.shape[0]
     slots = table.shape[2]
     sh0 = U64(shift0)
     whole_lines = table.ctypes.data % 64 == 0  # rows are whole lines (slots % 8 == 0) from an aligned start
     arena, table, fill, full, cursor = unmanaged(arena), unmanaged(table), unmanaged(fill), unmanaged(full), unmanaged(cursor)
-    lines, stamp, base, touched = unmanaged(lines), unmanaged(stamp), unmanaged(base), unmanaged(touched)
+    lines, base = unmanaged(lines), unmanaged(base)
     blk, off = cursor[0], cursor[1]  # each worker chain's block and offset
     while True:
         c = atomic_add(claims, 0, 1)
@@ -308,11 +301,10 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
         tp = table[p]
         fp = fill[p]
         fullp = full[p]
-        epoch[0] += 1
-        ep = epoch[0]
-        n_touched = 0
         use_lines = partition_slots(p, heads, owner, counts_t, block_len, block_next) >= (
             LINE_MIN_SLOTS_PER_BUCKET * tp.shape[0])
+        if use_lines:
+            base[:] = fp
         # the partition this worker takes next, if the workers keep claiming in turn: its fill
         # is prefetched while this one is placed (place_run)
         nxt = c + n_workers
@@ -321,8 +313,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
         if owner.shape[0] == 0:
             b = heads[0, p]
             while b >= 0:
-                d, pf, n_touched = place_run(arena[b], 0, block_len[b], tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf,
-                                             lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
+                d, pf = place_run(arena[b], 0, block_len[b], tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf, lines, base,
+                                  whole_lines, use_lines)
                 drops += d
                 b = block_next[b]
         else:
@@ -336,8 +328,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
                     b = blk[w]
                     o = off[w]
                     take = min(need, block_len[b] - o)
-                    d, pf, n_touched = place_run(arena[b], o, o + take, tp, fp, fullp, slots, bucket_bits, sh0, fnext,
-                                                 pf, lines, stamp, base, touched, n_touched, ep, whole_lines, use_lines)
+                    d, pf = place_run(arena[b], o, o + take, tp, fp, fullp, slots, bucket_bits, sh0, fnext, pf, lines,
+                                      base, whole_lines, use_lines)
                     drops += d
                     need -= take
                     o += take
@@ -345,7 +337,8 @@ def stage2_place(order, claims, arena, block_len, block_next, heads, owner, coun
                         blk[w] = block_next[b]
                         o = 0
                     off[w] = o
-        flush_lines(tp, fp, lines, base, touched, n_touched)
+        if use_lines:
+            flush_lines(tp, fp, lines, base)
         dropped[p] += drops
     store_fence()  # the slots' non-temporal stores are visible to every core from here on
 

@@ -159,17 +159,12 @@ class HintIndex:
             cursors=[line_aligned((2, w), np.int64) for _ in range(w)],  # stage 2: where each is in every chain
             placing=[dict(  # stage 2: each worker's bucket lines (build.place_run)
                 lines=line_aligned((g.n_buckets, SLOTS_PER_LINE), np.uint64),
-                stamp=line_aligned((g.n_buckets,), np.int64),
-                base=line_aligned((g.n_buckets,), np.int64),
-                touched=line_aligned((g.n_buckets,), np.int64),
-                epoch=line_aligned((1,), np.int64),
+                base=line_aligned((g.n_buckets,), np.uint16),  # a fill, as the table's fill is
             ) for _ in range(w)],
             ext=np.empty(max_len + n, dtype=np.uint16),
         )
         for ws in st["workers"]:
             ws["burst_fill"][:] = 0
-        for pl in st["placing"]:
-            pl["stamp"][:] = -1
         # stage 1 writes each full burst line to its block with one aligned 64-byte store
         assert st["arena"].ctypes.data % 64 == 0 and STAGE_BLOCK % burst_slots(g) == 0
         fault_in([st["arena"]], w)

@@ -53,5 +53,5 @@ def staging_nbytes(geom, workers, n, stage1_chunk):
     shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
     per_worker = P * (5 * 8 + burst_slots(geom) * 8 + 1) + 8  # head, tail, tail_len, full_blocks, staged; bursts; fills; skipped
     per_worker += (3 * HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
-    per_worker += geom.n_buckets * (SLOTS_PER_LINE + 3) * 8 + 8  # stage 2's bucket lines, stamp, base, touched; epoch
+    per_worker += geom.n_buckets * (SLOTS_PER_LINE * 8 + 2)  # stage 2's bucket lines and base
     return shared + w * per_worker
