@@ -88,8 +88,9 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
     s, prefix, keys, parts = unmanaged(s), unmanaged(prefix), unmanaged(keys), unmanaged(parts)  # hash_block slices them
     sh0 = U64(shifts[0])
     any_full = full.any()  # else the bits are not read (a build from empty: ~1 ns a token saved)
-    n_skipped = 0
-    n_part, burst_len = burst.shape
+    n_skipped = U64(0)
+    n_part = burst.shape[0]
+    burst_len = U64(burst.shape[1])
     n_block = arena.shape[1]
     Lmax = lengths[lengths.shape[0] - 1]
     while True:
@@ -110,27 +111,27 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
                 for i in range(b1 - j):
                     parts[i], _, keys[i] = slot_key(r, j + i, lengths, pows, partition_bits, bits, shifts)
                     roll(r, s, j + i, lengths, pows)
-            for i in range(b1 - j):
-                part = np.int64(parts[i])
-                drop = 0
+            for i in range(b1 - j):  # unsigned indices: no negative-index wraparound code to run
+                part = parts[i]
+                drop = U64(0)
                 if any_full:
                     x1, x2 = bucket_pair(keys[i] >> sh0, bucket_bits)
-                    drop = np.int64((full[part, x1 >> U64(6)] >> (x1 & U64(63))) & (full[part, x2 >> U64(6)] >> (
-                        x2 & U64(63))) & U64(1))
-                f = np.int64(burst_fill[part])
-                burst[part, f] = keys[i] | U64(s[j + i])
-                f += 1 - drop
+                    drop = (full[part, x1 >> U64(6)] >> (x1 & U64(63))) & (full[part, x2 >> U64(6)] >> (
+                        x2 & U64(63))) & U64(1)
+                f = U64(burst_fill[part])
+                burst[part, f] = keys[i] | U64(s[U64(j + i)])
+                f += U64(1) - drop
                 n_skipped += drop
                 if f == burst_len:
-                    f = 0
+                    f = U64(0)
                     blk = tail[part]
                     if blk < 0 or tail_len[part] == n_block:
                         blk = chain_block(part, blk, n_block, head, tail, tail_len, full_blocks, block_len, block_next,
                                           free)
                     o = tail_len[part]
-                    for x in range(0, burst_len, BURST):
+                    for x in range(0, burst.shape[1], BURST):
                         stream_line(arena, blk, o + x, burst, part, x)
-                    tail_len[part] = o + burst_len
+                    tail_len[part] = o + burst.shape[1]
                 burst_fill[part] = f
             j = b1
         if counts.shape[0]:  # slots staged so far per partition: a difference gives this chunk's
@@ -152,7 +153,7 @@ def stage1_worker(s, start, end, chunk_len, n_chunks, claims, owner, counts, w, 
             burst_fill[part] = 0
         if tail[part] >= 0:
             block_len[tail[part]] = tail_len[part]
-    skipped[0] += n_skipped
+    skipped[0] += np.int64(n_skipped)
     store_fence()  # stage 2 may run on another core
 
 
