@@ -213,32 +213,34 @@ def place_run(row, a, e, tp, fp, fullp, slots, bucket_bits, shift0, fnext, pf, l
     (an add touched them one step ago), and a slot's placement waits for its fill (prefetched so,
     the record step's stage 2 took 0.77x the time, in-process A/B)."""
     drops = 0
-    for i in range(a, e):
+    S = U64(slots)
+    L = U64(SLOTS_PER_LINE)
+    for i in range(a, e):  # unsigned bucket and slot indices: no negative-index wraparound code
         if i % FILL_PREFETCH_STRIDE == 0 and pf < fnext.shape[0]:
             prefetch1(fnext, pf)
             pf += FILL_LINE
         slot = row[i]
         b1, b2 = bucket_pair(slot >> shift0, bucket_bits)
         b = b2 if fp[b1] >= slots else b1
-        f = np.int64(fp[b])
-        if f < slots and not use_lines:
+        f = U64(fp[b])
+        if f < S and not use_lines:
             tp[b, f] = slot
-            fp[b] = f + 1
-            if f + 1 == slots:
+            fp[b] = f + U64(1)
+            if f + U64(1) == S:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
-        elif f < slots:
-            lane = f & (SLOTS_PER_LINE - 1)
+        elif f < S:
+            lane = f & (L - U64(1))
             lines[b, lane] = slot
-            fp[b] = f + 1
-            if lane == SLOTS_PER_LINE - 1:  # the line is complete
+            fp[b] = f + U64(1)
+            if lane == L - U64(1):  # the line is complete
                 lo = f - lane
-                b0 = np.int64(base[b])
+                b0 = U64(base[b])
                 if whole_lines and b0 <= lo:
                     stream_line(tp, b, lo, lines, b, 0)
                 else:  # its first slots came from an earlier add (or the table's rows are not line-aligned)
-                    for x in range(max(b0, lo), f + 1):
-                        tp[b, x] = lines[b, x & (SLOTS_PER_LINE - 1)]
-            if f + 1 == slots:
+                    for x in range(max(b0, lo), f + U64(1)):
+                        tp[b, x] = lines[b, x & (L - U64(1))]
+            if f + U64(1) == S:
                 fullp[b >> U64(6)] |= U64(1) << (b & U64(63))
         else:
             drops += 1
