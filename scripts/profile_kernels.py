@@ -79,7 +79,7 @@ def disassemble(path, start):
 
 def figure_work(figure, tokens):
     """A function that runs one round of the figure."""
-    from hints.bench.record import RECORD_ADD, RECORD_INDEX_TOKENS, RECORD_LOOKUP, RECORD_PREFILL
+    from hints.bench import RECORD_ADD, RECORD_INDEX_TOKENS, RECORD_LOOKUP, RECORD_PREFILL
     from hints.index import Geometry, HintIndex
     from hints.tokens import read_all
     if figure == "sealed":
@@ -117,17 +117,17 @@ def figure_work(figure, tokens):
 
 def child(args):
     """Warm the figure up, write the kernels' entries and code, say ready, then loop."""
-    sys.path.insert(0, str(REPO))
-    from hints.index import build, lookup, sealed
     work = figure_work(args.figure, args.tokens)
     work()
     work()
-    entries = []
-    for mod in (build, lookup, sealed):
-        for name in dir(mod):
-            for ov in getattr(getattr(mod, name), "overloads", {}).values():
+    entries = []  # every compiled kernel of the hints package: each dispatcher's overloads
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("hints."):
+            continue
+        for name, obj in list(vars(mod).items()):
+            for ov in getattr(obj, "overloads", {}).values() if getattr(obj, "__module__", None) == mod_name else ():
                 entries.append((ov.library.get_pointer_to_function(ov.fndesc.llvm_func_name),
-                                f"{mod.__name__.rsplit('.', 1)[-1]}.{name}"))
+                                f"{mod_name.rsplit('.', 1)[-1]}.{name}"))
     regions = []
     with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb") as mem:
         for line in maps:
@@ -164,7 +164,8 @@ def main(argv=None):
         cmd = [sys.executable, __file__, "--figure", args.figure, "--seconds", str(args.seconds), "--child", tmp]
         if args.tokens:
             cmd += ["--tokens", args.tokens]
-        proc = subprocess.Popen(cmd)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.Popen(cmd, env=env)
         while not os.path.exists(os.path.join(tmp, "ready")):
             if proc.poll() is not None:
                 raise SystemExit(f"profile_kernels: the figure's process ended (exit {proc.returncode}) before it was ready")
