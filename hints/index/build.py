@@ -15,8 +15,8 @@ ns/token; the record step's add is unchanged). Stage 2 (`stage2_place`): workers
 partitions in turn, largest first, take each one's slots in chunk order (= stream order) and
 place each in its first bucket while it has room, else its second, else drop it: through a
 line of 8 per bucket that goes to the table whole, in one non-temporal 64-byte store, once full
-(`place_run`; a partition with few slots a bucket stores each alone, with a plain store), prefetching the fill of
-the partition it takes next.
+(`place_run`; a partition with few slots a bucket stores each alone, with a plain store),
+prefetching the fill of the partition it takes next.
 So the bytes do not depend on the worker count or on which worker took which chunk or partition. A slot
 whose two buckets are both full already is not staged at all (stage 1 reads one bit per
 bucket, `full_buckets`, which stage 2 keeps current).
