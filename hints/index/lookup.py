@@ -39,6 +39,7 @@ GROUP_BLOCK = 1 << GROUP_BITS
 SORT_BITS = 64 - GROUP_BITS
 RADIX_BITS = 10
 RADIX_PASSES = -(-SORT_BITS // RADIX_BITS)
+RADIX_HIST = RADIX_PASSES << RADIX_BITS  # every pass's counters at once (radix_sort); the frozen runs' 8-bit sorts fit
 GROUP_AHEAD = 16  # the fill of the bucket 2 x GROUP_AHEAD sorted positions ahead is prefetched, and
                   # the filled lines of the one GROUP_AHEAD ahead
 # Frozen runs (growing index): an n-gram both of whose buckets are full can gain no slot, so a
@@ -105,7 +106,7 @@ def new_scratch(n_lengths, slots):
         parts=line_aligned((GROUP_BLOCK,), np.uint64),
         order=line_aligned((GROUP_BLOCK,), np.uint64),
         spare=line_aligned((GROUP_BLOCK,), np.uint64),
-        hist=line_aligned((1 << RADIX_BITS,), np.int64),
+        hist=line_aligned((RADIX_HIST,), np.int64),
         prefix=line_aligned((HASH_BLOCK + MAX_LENGTH + 1,), np.uint64),
         small_i=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.int64),
         small_u=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.uint64),
@@ -153,22 +154,32 @@ def hash_positions(q, j0, n, r, lengths, pows, partition_bits, bits, shifts, pre
 @numba.njit(cache=True, inline="always")
 def radix_sort(a, n, spare, hist, low, n_bits, digit_bits):
     """Sort a[:n] by bits low..low+n_bits-1 (LSD, digit_bits a pass, stable, through spare[:n]);
-    returns the array that holds the result (a or spare). hist holds 2^digit_bits counters."""
-    mask = U64((1 << digit_bits) - 1)
-    src, dst = a, spare
-    for sh in range(low, low + n_bits, digit_bits):
-        hist[:1 << digit_bits] = 0
-        for i in range(n):
-            hist[np.int64((src[i] >> U64(sh)) & mask)] += 1
+    returns the array that holds the result (a or spare). Every pass's counts come from one read
+    of a[:n] before the first pass (the counts of a digit do not depend on the order), so the
+    data is read passes + 1 times, not 2 x passes. hist holds passes x 2^digit_bits counters
+    (RADIX_HIST)."""
+    size = 1 << digit_bits
+    mask = U64(size - 1)
+    passes = (n_bits + digit_bits - 1) // digit_bits
+    hist[:passes * size] = 0
+    for i in range(n):
+        v = a[i] >> U64(low)
+        for p in range(passes):
+            hist[p * size + np.int64((v >> U64(p * digit_bits)) & mask)] += 1
+    for p in range(passes):
         o = 0
-        for d in range(1 << digit_bits):
+        for d in range(p * size, (p + 1) * size):
             c = hist[d]
             hist[d] = o
             o += c
+    src, dst = a, spare
+    for p in range(passes):
+        sh = U64(low + p * digit_bits)
+        h = hist[p * size:(p + 1) * size]
         for i in range(n):
-            d = np.int64((src[i] >> U64(sh)) & mask)
-            dst[hist[d]] = src[i]
-            hist[d] += 1
+            d = np.int64((src[i] >> sh) & mask)
+            dst[h[d]] = src[i]
+            h[d] += 1
         src, dst = dst, src
     return src
 
