@@ -115,7 +115,7 @@ class RecordConfig:
     ngram_table_rows: int = NGRAM_ROWS  # the table outside the model (model/ngram_table.py); for describe()
     embed_std: float = EMBED_STD
     fp8: bool = True                  # fp8 in the training forward (model/fp8.py)
-    fp8_exact_refreshes: int = 16     # the MLP's exact fp8 weight scales (the record's 16; scaled with the run)
+    fp8_exact_refreshes: int = fp8_sites.MLP_EXACT_SCALE_REFRESHES  # the MLP's exact fp8 weight scales; scaled with the run
     initial_windows: tuple = INITIAL_WINDOWS
 
     def __post_init__(self):

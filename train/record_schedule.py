@@ -31,6 +31,8 @@ from MIN_STEPS on, every switch falls in the record's order. Token lengths are w
 import math
 from dataclasses import asdict, dataclass
 
+from model.fp8 import MLP_EXACT_SCALE_REFRESHES
+
 RECORD_STEPS = 570                 # config.py: 560 scheduled + 10 extension
 RECORD_EXTENSION = 10
 STAGE_DURATIONS = (0.2854, 0.3209, 0.3931)   # config.py, normalised to sum 1
@@ -43,7 +45,6 @@ RAIL_BETA_MIN, RAIL_BETA_MAX = 0.85, 0.93    # schedule.py get_rail_beta
 RAIL_WARMUP_STEPS, RAIL_COOLDOWN_STEPS = 116, 24
 RAIL_ENGAGE_STEP = 245             # optim/anvil.py
 TABLE_PERIOD4_START = 160          # ngram_table.py NGRAM_ADAM_PERIOD4_START
-FP8_EXACT_REFRESHES = 16           # model/gpt.py FP8_EXACT_SCALE_CALLS
 TAIL_EMA_WINDOW, TAIL_AVG_WINDOW = 142, 119  # tail_average.py (also the bank-blend / value-embed-avg windows)
 TAIL_AVG_RATE_STEPS = 4.0 / 53.0 * 1194      # tail_average.py TAIL_AVG_RATE = this / 570
 TOKENS_PER_STEP = 8 * 2048 * 8     # config.py batch_size: 131,072 tokens a step, every stage
@@ -123,7 +124,7 @@ class RecordSchedule:
         self.rail_cooldown = self.scaled(RAIL_COOLDOWN_STEPS)
         self.engage_step = self.scaled(RAIL_ENGAGE_STEP)
         self.table_switch = self.scaled(TABLE_PERIOD4_START)
-        self.fp8_exact_refreshes = self.scaled(FP8_EXACT_REFRESHES)
+        self.fp8_exact_refreshes = self.scaled(MLP_EXACT_SCALE_REFRESHES)
         self.tail_ema_window = self.scaled(TAIL_EMA_WINDOW)
         self.tail_avg_window = self.scaled(TAIL_AVG_WINDOW)
         self.tail_avg_rate = min(1.0, TAIL_AVG_RATE_STEPS / steps)
