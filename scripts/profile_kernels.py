@@ -157,6 +157,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
+    if args.tokens:  # a bad glob or shard ends here, in one line, not in the child's traceback
+        from hints.tokens import count_tokens
+        try:
+            count_tokens(args.tokens)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"profile_kernels: argument --tokens: {e}") from None
     for tool in ("perf", "objdump"):
         if shutil.which(tool) is None:
             raise SystemExit(f"profile_kernels: `{tool}` is not installed; it needs perf (Linux) and objdump (binutils)")

@@ -45,3 +45,10 @@ def test_build_figures_run_on_a_stream(tmp_path):
         idx = profile_kernels.figure_work(figure, str(tmp_path / "t_*.bin"))()
         assert idx.tokens_added == tokens.size
         assert idx.geom.partition_bits == (14 if figure == "build-many" else Geometry.for_tokens(tokens.size).partition_bits)
+
+
+def test_bad_tokens_end_in_one_line_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        profile_kernels.main(["--figure", "build", "--tokens", str(tmp_path / "nope_*.bin")])
+    assert str(e.value).startswith("profile_kernels: argument --tokens: ") and "nope_*.bin" in str(e.value)
+    assert "\n" not in str(e.value)
