@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -99,6 +100,10 @@ def test_record_hints_two_gloo_ranks(corpus, tmp_path):
     assert [p[0] for p in s["positional_phases"]] == [6 * 256]  # one phase: the run is shorter than 8 steps
     assert s["val_loss_hints"] is not None and s["val_index"] == "training"
     assert sorted(losses(s)) == list(range(1, 7))
+    # a distributed run leaves without the interpreter's teardown (train_gpt.py), but its exit
+    # handlers still ran: the node's positional phases (and the warm-up's) are removed
+    left = [p for base in (SHM_DIR, tempfile.gettempdir()) for p in glob.glob(os.path.join(base, f"nghints-{s['run_id']}*"))]
+    assert not left, left
 
 
 @pytest.mark.parametrize("repr_", ["record", "lengths"])
