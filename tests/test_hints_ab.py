@@ -1,7 +1,6 @@
 """scripts/hints_ab.py, the in-process A/B of the index's kernels: copies of hints/ at a git
 revision, paired ratios, and a lookup A/B run end to end (the variants here are the checkout's
 own package twice, so nothing is compiled again)."""
-import argparse
 import importlib.util
 import subprocess
 import sys
@@ -79,7 +78,7 @@ def test_paired_ratios():
 def test_lookup_ab_runs_and_reports_every_variant(capsys):
     train = phrase_stream(7, 60_000, 40, 20, 500)
     query = phrase_stream(8, 2 * hints_ab.LOOKUP_BLOCK, 40, 20, 500)
-    args = argparse.Namespace(rounds=1)
+    args = hints_ab.parse_args(["--against", "HEAD", "--rounds", "1"])
     hints_ab.lookup([hints, hints], ["a", "b"], train, query, args)
     out = capsys.readouterr().out
     assert "sealed" in out and "scan" in out and "identical hints" in out

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from hints.index import Geometry
-from hints.index.geometry import MAX_LENGTH
-from hints.index.hashing import HASH_BLOCK, hash_arrays
+from hints.index.hashing import HASH_SCRATCH, hash_arrays
 from hints.index.lookup import hash_positions
 
 STDLIB_FILES = ("typing.py", "argparse.py", "inspect.py", "subprocess.py", "pathlib.py", "functools.py",
@@ -42,7 +41,7 @@ def index_keys(geom, s):
     j0 = lengths[-1]
     n = s.size - j0 + 1
     keys, parts = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-    prefix = np.zeros(HASH_BLOCK + MAX_LENGTH + 1, np.uint64)
+    prefix = np.zeros(HASH_SCRATCH, np.uint64)
     r = np.zeros(lengths.size, np.uint64)
     hash_positions(s, j0, n, r, lengths, pows, geom.partition_bits, bits, shifts, prefix, keys, parts)
     return parts, keys
@@ -94,7 +93,8 @@ def test_collisions_on_real_text_match_an_ideal_function(text, partition_bits):
     # at most the ideal draws' mean + 5 of their standard deviations (+ 3 where they collide
     # rarely). Most collisions of a longer length come from the many extensions of a frequent
     # shorter n-gram (an indentation run), so the draws spread far less than a Poisson count:
-    # with the longer lengths' fmix64 left out, L=20 gave +9 of their deviations and failed here
+    # with the longer lengths' checksums taken from the low bits of their hash (which depend
+    # only on the tokens' low bits), L=20 gave +9 of their deviations and failed here
     allowed = mean + 5 * sd + 3
     distinct = [int(i.max()) + 1 for i in ids]
     msg = ", ".join(f"L={L}: {o} of {d:,} distinct n-grams (ideal {m:.1f} +- {v:.1f})"

@@ -153,60 +153,26 @@ def test_add_after_seal_unseals_and_stays_exact():
     assert_same_hints(idx.seal().lookup(stream), plain.lookup(stream), "sealed again")
 
 
-def test_version2_sealed_file_loads_unsealed(tmp_path):
-    """A file sealed before bucket summaries had a presence filter (format version 2: rows of
-    fill and fences only, 32 words at S=192 where version 3 needs 64) loads, verified, as an
-    unsealed index with a warning that names it, and its lookups scan to the same answers; read
-    as version 3, its rows would say every n-gram is absent."""
-    geom = Geometry(3, 5, 192, (6, 10, 20))
-    stream = phrase_stream(12, 10000, 16, 200, 12)
-    idx = HintIndex(geom).add(stream)
-    want = idx.lookup(stream)
-    idx.seal()
-    summary, side_off, side = idx._side
-    lines = geom.slots // 8
-    old = np.zeros(summary.shape[:2] + (sealed.summary_words(geom.slots, 0),), dtype=np.uint16)
-    old[:, :, :1 + lines] = summary[:, :, :1 + lines]  # fill and fences, no filter
-    idx._side = (old, side_off, side)
-    lay = store.layout(geom, idx.side_capacity, version=2)
-    path = str(tmp_path / "v2.idx")
-    with open(path, "wb") as f:
-        f.truncate(lay["total"])
-        for off, a in ((lay["fill"], idx.fill), (lay["table"], idx.table), (lay["summary"], old),
-                       (lay["side_off"], side_off), (lay["side"], side)):
-            f.seek(off)
-            np.ascontiguousarray(a).tofile(f)
-    header = bytearray(idx._header())
-    header[8:12] = (2).to_bytes(4, "little")
-    body = bytes(header[:store._FIELDS.size])
-    header[store._FIELDS.size:store._FIELDS.size + 4] = store._CRC.pack(__import__("zlib").crc32(body))
-    store.write_header(path, bytes(header))
-    assert store.read_header(path)["version"] == 2
-    for mmap in (True, False):
-        with pytest.warns(UserWarning, match="v2.idx.*version 2.*loaded unsealed"):
-            got = HintIndex.load(path, mmap=mmap)
-        assert not got.sealed
-        assert_same_hints(got.lookup(stream), want, f"version 2, mmap={mmap}")
-
-
-def test_version1_file_is_still_read(tmp_path):
-    """A file written before sealing existed (format version 1) loads as an unsealed index."""
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_file_of_an_earlier_hash_is_refused(tmp_path, version):
+    """A file made before format version 4 changed the n-gram hash holds every slot where this
+    code would not look for it: loading it fails with a message that names the file, its version
+    and what to do, and leaves the file as it was."""
     geom = Geometry(3, 5, 32, (6, 10, 20))
-    stream = phrase_stream(12, 10000, 16, 200, 12)
-    idx = HintIndex(geom).add(stream)
-    path = str(tmp_path / "v1.idx")
+    idx = HintIndex(geom).add(phrase_stream(12, 10000, 16, 200, 12))
+    path = str(tmp_path / f"v{version}.idx")
     idx.save(path)
-    lengths = list(geom.lengths) + [0] * (store.HEADER_LENGTHS - geom.n_lengths)
-    hist = [int(x) for x in idx.history] + [0] * (store.HISTORY_TOKENS - idx.history.size)
-    body = store._FIELDS_V1.pack(store.MAGIC, 1, geom.partition_bits, geom.bucket_bits, geom.slots, geom.n_lengths,
-                                 *lengths, idx.tokens_added, idx.hints_stored, idx.dropped, idx.data_checksum(),
-                                 idx.history.size, *hist)
-    header = body + store._CRC.pack(__import__("zlib").crc32(body))
-    store.write_header(path, header + b"\x00" * (store.HEADER_BYTES - len(header)))
-    hdr = store.read_header(path)
-    assert hdr["version"] == 1 and not hdr["sealed"]
-    got = HintIndex.load(path, mmap=False)
-    assert_same_hints(got.lookup(stream), idx.lookup(stream), "version 1")
+    header = bytearray(idx._header())
+    header[8:12] = version.to_bytes(4, "little")
+    store.write_header(path, bytes(header))
+    with open(path, "rb") as f:
+        before = f.read()
+    for mmap in (True, False):
+        with pytest.raises(ValueError, match=rf"v{version}\.idx: format version is {version}, made before version 4 "
+                                             rf"changed the n-gram hash.*build it again"):
+            HintIndex.load(path, mmap=mmap)
+    with open(path, "rb") as f:
+        assert f.read() == before
 
 
 def test_scan_follows_adds():
@@ -260,13 +226,14 @@ def test_frozen_runs_follow_adds(monkeypatch, entries, run_slots, full):
 
 def test_frozen_runs_of_partitions_past_2_15():
     """A kept frozen run is found by its partition and shortest checksum together, at any
-    partition count the geometry allows. The 2-grams (1903, 32708) and (32515, 35228) were found
-    by a search over random 2-grams: at 2^16 partitions their shortest checksums are equal and
-    their partitions differ only in the top bit (asserted), so a key that kept 15 bits of the
-    partition gave one n-gram the other's kept run."""
-    geom = Geometry(16, 1, 8, (2, 3, 5))
-    a, b = (1903, 32708), (32515, 35228)
-    (pa, a1, a2, ka), (pb, b1, b2, kb) = (slot_of(geom, [*g, 0], 2) for g in (a, b))
+    partition count the geometry allows. The 3-grams a and b were found by a search over random
+    3-grams: at 2^16 partitions their shortest checksums are equal and their partitions differ
+    only in the top bit (asserted), so a key that kept 15 bits of the partition gave one n-gram
+    the other's kept run. (The hash is linear in the tokens before its top bits are taken, so
+    whether two n-grams collide so depends only on their difference: no two 2-grams do.)"""
+    geom = Geometry(16, 1, 8, (3, 4, 6))
+    a, b = (30992, 60105, 30617), (16074, 18263, 39937)
+    (pa, a1, a2, ka), (pb, b1, b2, kb) = (slot_of(geom, [*g, 0], 3) for g in (a, b))
     shift = geom.key_shifts[0]
     assert pa ^ pb == 1 << 15 and ka >> shift == kb >> shift and (a1, a2) == (b1, b2)
     stream = np.array([*a, 1] * 20 + [*b, 2] * 20, dtype=np.uint16)  # each fills both its buckets
@@ -274,7 +241,7 @@ def test_frozen_runs_of_partitions_past_2_15():
     assert idx.fill[pa, a1] == idx.fill[pa, a2] == idx.fill[pb, b1] == idx.fill[pb, b2] == geom.slots
     got = idx.lookup(stream)
     assert_same_hints(got, HintIndex(geom).add(stream).seal().lookup(stream), "scan vs sealed")
-    assert got.token[0, 1] == 1 and got.token[0, 61] == 2  # each 2-gram's own follower
+    assert got.token[0, 2] == 1 and got.token[0, 82] == 2  # each 3-gram's own follower
 
 
 def test_compile_kernels_covers_a_runs_lookups(tmp_path):

@@ -10,8 +10,8 @@ import platform
 import numba
 import numpy as np
 
-from ..index.hashing import HASH_BLOCK, HASH_MULT, SEED_MULT, hash_arrays, hash_block
-from ..numba_ops import FMIX_C1, fmix64, unmanaged
+from ..index.hashing import HASH_BLOCK, HASH_MULT, HASH_SCRATCH, MIX_MULT, SEED_MULT, hash_arrays, hash_block
+from ..numba_ops import FMIX_C1, unmanaged
 from ..parallel import alloc, line_aligned, run_split
 from .figures import MIB, REPEATS, Figure, alternate, timed
 
@@ -89,7 +89,7 @@ def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOK
     for _ in range(workers):
         s = line_aligned(src.shape, np.uint16)
         s[:] = src
-        bufs.append((s, line_aligned((HASH_BLOCK + max(geom.lengths) + 1,), np.uint64),
+        bufs.append((s, line_aligned((HASH_SCRATCH,), np.uint64),
                      line_aligned((HASH_BLOCK,), np.uint64), line_aligned((HASH_BLOCK,), np.uint64)))
 
     def work(r, *_):
@@ -145,20 +145,23 @@ def cpu_text(cpu):
 @numba.njit(cache=True, nogil=True)
 def vector_rounds(src, dst, rounds):
     """The vector ceiling's loop: per position, stage 1's multiplies and shifts (hints.index.hashing.hash_block)
-    with none of its data flow: the prefix's multiply-add, then for each of 3 lengths a multiply
-    by a power of M and fmix64 (2 multiplies, 3 shift-xors), and the shifts and masks that place
-    the checksums: 10 multiplies (stage 1 does 10.75: its prefix sums correct 3 of 4 positions
-    with one more). One contiguous load and store a position: the compiler vectorises it to the
-    target's widest lanes. Returns a word of the output, so nothing is optimised away."""
+    with none of its data flow: the prefix's multiply-add, the multiply by MIX_MULT that all
+    lengths share, then for each of 3 lengths a multiply by its constant and the shifts and masks
+    that place the checksums: 5 multiplies (stage 1 does 5.75: its prefix sums correct 3 of 4
+    positions with one more). One contiguous load and store a position: the compiler vectorises
+    it to the target's widest lanes. Returns a word of the output, so nothing is optimised away."""
     acc = U64(0)
-    p1, p2 = FMIX_C1 * HASH_MULT, HASH_MULT * HASH_MULT  # two odd constants standing for M^L
+    p0, p1, p2 = MIX_MULT * HASH_MULT, FMIX_C1 * HASH_MULT, HASH_MULT * HASH_MULT  # odd constants standing for MIX_MULT M^L
     for r in range(rounds):
         for i in range(src.shape[0]):
             x = src[i] * HASH_MULT + U64(r + 1)
-            h0 = fmix64(x * HASH_MULT + SEED_MULT)
-            h1 = fmix64(x * p1 + U64(2) * SEED_MULT)
-            h2 = fmix64(x * p2 + U64(3) * SEED_MULT)
-            dst[i] = ((h0 >> U64(40)) << U64(24)) | ((h1 & U64(0xFFF)) << U64(12)) | (h2 & U64(0xFFF))
+            m = MIX_MULT * x
+            h0 = m - x * p0 + SEED_MULT
+            h1 = (m - x * p1 + U64(2) * SEED_MULT) >> U64(52)
+            h2 = (m - x * p2 + U64(3) * SEED_MULT) >> U64(52)
+            h1 += U64(h1 == U64(0))
+            h2 += U64(h2 == U64(0))
+            dst[i] = ((h0 >> U64(40)) << U64(24)) | (h1 << U64(12)) | h2
         acc ^= dst[r % dst.shape[0]]
     return acc
 

@@ -4,26 +4,37 @@ All hash arithmetic is uint64 and wraps mod 2^64. For stream position j (the ind
 token) and length L, with j >= L (the contract `hints.index.reference` reproduces in plain Python):
 
     R_L(j) = sum_{k=1..L} (s[j-k] + 1) * M^(k-1)            mod 2^64, rolled in O(1) per j
-    h_L(j) = fmix64(R_L(j) + SEED[length index])
+    h_L(j) = MIX_MULT * (R_L(j) + SEED[length index])       mod 2^64
 
-The shortest length's h gives the partition (top P bits) and its checksum (the next bits);
-each longer length's checksum is the low bits of its own h, with 0 reserved for "absent".
+and every field is taken from the top of h (multiply-shift: the top bits of a product depend on
+every bit of R, whose low bits alone would depend only on the tokens' low bits). The shortest
+length's h gives the partition (top P bits) and its checksum (the next bits); each longer
+length's checksum is the top bits of its own h, with 0 reserved for "absent".
 Both buckets are a function of the shortest checksum alone (`bucket_pair`). Stage 1 of the
 build and both lookups hash 256 positions at a time with every length in a vectorised pass
 (`hash_block`); the stream's first positions, where some lengths are absent, go one at a time
-(`init_states`, `slot_key`, `roll`).
+(`init_states`, `slot_key`, `roll`). Multiplying by MIX_MULT distributes over R_L(j) = P(j) -
+P(j-L) M^L, so a block multiplies P(j) by it once for all lengths, and each length then costs
+one multiply a position (the hash took 0.63-0.67x the time of the fmix64 finaliser it replaced,
+which cost three).
 """
 import numba
 import numpy as np
 
-from ..numba_ops import fmix64
+from ..numba_ops import FMIX_C1
+from .geometry import MAX_LENGTH
 
 U64 = np.uint64
 
 HASH_MULT = U64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier of the rolling polynomial (golden ratio)
 SEED_MULT = U64(0xC2B2AE3D27D4EB4F)     # per-length seed = (k + 1) * SEED_MULT, so lengths hash apart
 BUCKET_MULT = U64(0xD6E8FEB86659FD93)   # odd multiplier of the multiply-shift bucket hash
+MIX_MULT = FMIX_C1                      # odd multiplier of h_L's multiply-shift (MurmurHash3's fmix64 first constant)
 HASH_BLOCK = 256                        # positions hashed per vectorised block (L1-resident buffers)
+# A block's hash scratch (`hash_block`'s `prefix`): its prefix sums P(a) (HASH_BLOCK + MAX_LENGTH + 1
+# words), then MIX_MULT * P(j) of its positions (HASH_BLOCK words)
+PREFIX_WORDS = HASH_BLOCK + MAX_LENGTH + 1
+HASH_SCRATCH = PREFIX_WORDS + HASH_BLOCK
 # M^i for i = 0..127: a block's prefix sums (HASH_BLOCK + MAX_LENGTH positions) run in four quarters
 # of at most 80, joined with these powers
 MULT_POWS = np.array([pow(int(HASH_MULT), i, 1 << 64) for i in range(128)], dtype=np.uint64)
@@ -62,13 +73,13 @@ def slot_key(r, j, lengths, pows, partition_bits, bits, shifts):
 
     Lengths with j < L get checksum 0 ("absent"). Requires j >= lengths[0].
     """
-    h0 = fmix64(r[0] + SEED_MULT)
+    h0 = MIX_MULT * (r[0] + SEED_MULT)
     part = (h0 >> U64(63 - partition_bits)) >> U64(1)
     c0 = (h0 >> U64(64 - partition_bits - bits[0])) & ((U64(1) << U64(bits[0])) - U64(1))
     key = c0 << U64(shifts[0])
     for k in range(1, lengths.shape[0]):
         if j >= lengths[k]:
-            c = fmix64(r[k] + U64(k + 1) * SEED_MULT) & ((U64(1) << U64(bits[k])) - U64(1))
+            c = (MIX_MULT * (r[k] + U64(k + 1) * SEED_MULT)) >> U64(64 - bits[k])
             c += U64(c == U64(0))
             key |= c << U64(shifts[k])
     return part, c0, key
@@ -131,36 +142,39 @@ def prefix_sums(s, base, n, prefix):
 @numba.njit(cache=True, inline="always")
 def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
     """Slot keys (without the token) and partitions of positions j0..j1-1, all >= the longest
-    length, into keys[:j1-j0] and parts[:j1-j0].
+    length, into keys[:j1-j0] and parts[:j1-j0]; prefix is the block's scratch (HASH_SCRATCH words).
 
     Vectorised over positions: with the prefix polynomial P(a) = sum_{k<a} (s[k]+1) M^(a-1-k)
-    (one multiply-add per token, the only sequential step: prefix_sums), R_L(j) = P(j) -
-    P(j-L) M^L for every length at once, and each length's pass over the block is a loop
-    without branches."""
+    (one multiply-add per token, the only sequential step: prefix_sums), h_L(j) = MIX_MULT P(j)
+    - P(j-L) (MIX_MULT M^L) + MIX_MULT SEED_L for every length at once (MIX_MULT P(j) once, for
+    all of them), and each length's pass over the block is a loop without branches."""
     base = j0 - lengths[lengths.shape[0] - 1]
     prefix_sums(s, base, j1 - 1 - base, prefix)  # P(j) for j < j1 reads s[:j1-1] only
     n = j1 - j0
     o = j0 - base
     now = prefix[o:o + n]  # P(j) for the block's positions, and P(j - L) below: slices, because with
     #                        computed indices the loads compiled to gathers (hash_block took 2.1x the time)
-    L, pw = lengths[0], pows[0]
+    mixed = prefix[PREFIX_WORDS:PREFIX_WORDS + n]  # MIX_MULT P(j), written by the first length's pass
+    L, pw = lengths[0], MIX_MULT * pows[0]
+    seed = MIX_MULT * SEED_MULT
     top = U64(63 - partition_bits)
     c0_shift = U64(64 - partition_bits - bits[0])
     c0_mask = (U64(1) << U64(bits[0])) - U64(1)
     sh0 = U64(shifts[0])
     before = prefix[o - L:o - L + n]
     for i in range(n):
-        h0 = fmix64(now[i] - before[i] * pw + SEED_MULT)
+        x = MIX_MULT * now[i]
+        mixed[i] = x
+        h0 = x - before[i] * pw + seed
         parts[i] = (h0 >> top) >> U64(1)
         keys[i] = ((h0 >> c0_shift) & c0_mask) << sh0
     for k in range(1, lengths.shape[0]):
-        L, pw = lengths[k], pows[k]
-        seed = U64(k + 1) * SEED_MULT
-        mask = (U64(1) << U64(bits[k])) - U64(1)
+        L, pw = lengths[k], MIX_MULT * pows[k]
+        seed = MIX_MULT * (U64(k + 1) * SEED_MULT)
+        c_shift = U64(64 - bits[k])
         sh = U64(shifts[k])
         before = prefix[o - L:o - L + n]
         for i in range(n):
-            c = fmix64(now[i] - before[i] * pw + seed) & mask
+            c = (mixed[i] - before[i] * pw + seed) >> c_shift
             c += U64(c == U64(0))
             keys[i] |= c << sh
-

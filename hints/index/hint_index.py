@@ -20,7 +20,6 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from ..parallel import alloc, line_aligned, run_ranges, run_split
 from ..tokens import as_tokens
 from . import build, lookup, sealed, store
 from .geometry import SLOTS_PER_LINE, Geometry, human_bytes
-from .hashing import HASH_BLOCK, hash_arrays
+from .hashing import HASH_BLOCK, HASH_SCRATCH, hash_arrays
 from .results import Hints, lookup_outputs, purity_kinds
 from .sealed import search_block, search_scratch
 from .sizing import STAGE_BLOCK, burst_slots, default_chunk_tokens, stage1_chunk
@@ -152,7 +151,7 @@ class HintIndex:
                 burst_fill=line_aligned((g.n_partitions,), np.uint8),
                 skipped=line_aligned((1,), np.int64),  # slots not staged: both buckets full
                 r=line_aligned((max_len,), np.uint64),  # hash buffers (K <= max_len rolling states)
-                prefix=line_aligned((HASH_BLOCK + max_len + 1,), np.uint64),
+                prefix=line_aligned((HASH_SCRATCH,), np.uint64),
                 keys=line_aligned((HASH_BLOCK,), np.uint64),
                 parts=line_aligned((HASH_BLOCK,), np.uint64),
             ) for _ in range(w)],
@@ -456,7 +455,7 @@ class HintIndex:
         fill = np.array(fill) if mmap else fill  # a private copy: the counts checked are the counts used
         store.check_fill(path, fill, geom.slots, hdr["hints_stored"])
         if hdr["sealed"]:
-            summary, side_off, side = store.map_sealed(path, geom, hdr["side_capacity"], "r", hdr["version"])
+            summary, side_off, side = store.map_sealed(path, geom, hdr["side_capacity"], "r")
             side_off, side = np.array(side_off), np.array(side)  # small: private copies, checked as used
             store.check_side(path, side_off, side, hdr["side_capacity"])
             self._side = (summary if mmap else np.array(summary), side_off, side)
@@ -474,13 +473,6 @@ class HintIndex:
             if got != hdr["data_checksum"]:
                 raise ValueError(f"hint index {path}: data checksum mismatch (stored {hdr['data_checksum']:#x}, "
                                  f"computed {got:#x}); the file is corrupt")
-        if self.sealed and hdr["version"] < store.FILTER_VERSION:
-            # its summaries have no presence filter, which the sealed search relies on; its sorted
-            # buckets are a valid growing table, so it is searched as one (the same answers)
-            warnings.warn(f"hint index {path}: sealed by format version {hdr['version']}, before bucket summaries "
-                          f"had a presence filter; loaded unsealed (lookups scan it). Seal it again for the "
-                          f"faster search: HintIndex.load(path, mmap=False).seal().save(new_path)", stacklevel=2)
-            self.sealed, self._side = False, None
         return self
 
     # ---- description ----------------------------------------------------------------------

@@ -20,8 +20,8 @@ import numpy as np
 from ..numba_ops import fmix64, prefetch2, prefetch3, unmanaged
 from ..parallel import line_aligned
 from ..tokens import TOKEN_BITS
-from .geometry import MAX_LENGTH, MAX_LENGTHS, SLOTS_PER_LINE
-from .hashing import HASH_BLOCK, bucket_pair, hash_block, init_states, roll, slot_key
+from .geometry import MAX_LENGTHS, SLOTS_PER_LINE
+from .hashing import HASH_BLOCK, HASH_SCRATCH, bucket_pair, hash_block, init_states, roll, slot_key
 
 U64 = np.uint64
 TOKEN_MASK = U64((1 << TOKEN_BITS) - 1)
@@ -107,7 +107,7 @@ def new_scratch(n_lengths, slots):
         order=line_aligned((GROUP_BLOCK,), np.uint64),
         spare=line_aligned((GROUP_BLOCK,), np.uint64),
         hist=line_aligned((RADIX_HIST,), np.int64),
-        prefix=line_aligned((HASH_BLOCK + MAX_LENGTH + 1,), np.uint64),
+        prefix=line_aligned((HASH_SCRATCH,), np.uint64),
         small_i=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.int64),
         small_u=line_aligned((SMALL_ROWS, PREFETCH_GROUP), np.uint64),
     )

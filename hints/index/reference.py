@@ -16,15 +16,14 @@ from fractions import Fraction
 import numpy as np
 
 from ..cells import BOS, Cells, check_boundary
-from ..numba_ops import FMIX_C1, FMIX_C2
 from .geometry import DEFAULT_LENGTHS
-from .hashing import BUCKET_MULT, HASH_MULT, SEED_MULT
+from .hashing import BUCKET_MULT, HASH_MULT, MIX_MULT, SEED_MULT
 from .results import Hints
 
 M64 = (1 << 64) - 1
 _MULT = int(HASH_MULT)
 _SEED = int(SEED_MULT)
-_C1, _C2 = int(FMIX_C1), int(FMIX_C2)
+_MIX = int(MIX_MULT)
 _BUCKET_MULT = int(BUCKET_MULT)
 
 
@@ -180,20 +179,12 @@ def reference_cells(stream, query, before=None, cap=None, max_followers=8, lengt
 
 # ---- slot-level model ------------------------------------------------------------------------
 
-def fmix64(h):
-    h ^= h >> 33
-    h = (h * _C1) & M64
-    h ^= h >> 33
-    h = (h * _C2) & M64
-    return h ^ (h >> 33)
-
-
 def ngram_hash(ngram, k):
     """h_L of an n-gram (a sequence of ids) of length index k."""
     r = 0
     for x in ngram:
         r = (r * _MULT + int(x) + 1) & M64
-    return fmix64((r + (k + 1) * _SEED) & M64)
+    return (_MIX * (r + (k + 1) * _SEED)) & M64
 
 
 def slot_of(geom, stream, j):
@@ -205,7 +196,7 @@ def slot_of(geom, stream, j):
     key = c0 << shifts[0]
     for k in range(1, len(lengths)):
         if j >= lengths[k]:
-            c = ngram_hash(stream[j - lengths[k]:j], k) & ((1 << bits[k]) - 1)
+            c = ngram_hash(stream[j - lengths[k]:j], k) >> (64 - bits[k])
             key |= (c or 1) << shifts[k]
     x = (c0 * _BUCKET_MULT) & M64
     b = geom.bucket_bits

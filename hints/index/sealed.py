@@ -65,12 +65,11 @@ LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer o
 INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
 
 
-def summary_words(slots, filter_words=None):
+def summary_words(slots):
     """uint16 words of one bucket's summary row: the fill, one fence per slot line, the presence
-    filter (FILTER_WORDS; none in files sealed before it, hints.index.store), padded."""
+    filter (FILTER_WORDS), padded."""
     lines = -(-slots // SLOTS_PER_LINE)
-    filter_words = FILTER_WORDS if filter_words is None else filter_words
-    return -(-(1 + lines + filter_words) // SUMMARY_ALIGN) * SUMMARY_ALIGN
+    return -(-(1 + lines + FILTER_WORDS) // SUMMARY_ALIGN) * SUMMARY_ALIGN
 
 
 @numba.njit(cache=True, inline="always")

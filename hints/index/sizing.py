@@ -3,7 +3,7 @@ add()'s sub-chunks, and the staging bytes they take (train/plan.py sizes the rec
 """
 from .build import BURST
 from .geometry import SLOTS_PER_LINE
-from .hashing import HASH_BLOCK
+from .hashing import HASH_BLOCK, HASH_SCRATCH
 
 STAGE_BLOCK = 512          # slots per staging block (4 KiB, one page): a chain link
 # Positions a stage-1 worker claims at a time: "chunks of 64k tokens", or more with many partitions,
@@ -52,6 +52,6 @@ def staging_nbytes(geom, workers, n, stage1_chunk):
     n_chunks = -(-n // stage1_chunk) if w > 1 else 0
     shared = n_blocks * (STAGE_BLOCK * 8 + 2 * 8) + 2 * 8 + n_chunks * (4 + 4 * P)
     per_worker = P * (5 * 8 + burst_slots(geom) * 8 + 1) + 8  # head, tail, tail_len, full_blocks, staged; bursts; fills; skipped
-    per_worker += (3 * HASH_BLOCK + 2 * max(geom.lengths) + 1) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
+    per_worker += (max(geom.lengths) + HASH_SCRATCH + 2 * HASH_BLOCK) * 8 + 2 * w * 8  # hash buffers; stage-2 cursor
     per_worker += geom.n_buckets * (SLOTS_PER_LINE * 8 + 2)  # stage 2's bucket lines and base
     return shared + w * per_worker

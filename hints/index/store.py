@@ -21,9 +21,10 @@ their blocks are reserved up front (posix_fallocate): a full disk or shared-memo
 an error naming the file when it is created, never a SIGBUS in the middle of a build.
 
 Versions: 2 added the sealed flag and the sealed arrays; 3 added the presence filter to each
-bucket's summary row. A version-1 file (always unsealed, same layout up to the table) is still
-read, and so is a version-2 one; a sealed version-2 file loads unsealed (its sorted table is a
-valid growing one: lookups scan it, and return the same), and says so.
+bucket's summary row; 4 changed the n-gram hash (`hints.index.hashing`: a multiply-shift in
+place of the fmix64 finaliser), so every slot of an earlier file sits where this code would not
+look for it. An earlier file is refused with a message that names it and says to build it again
+(its tokens are not in it, so it cannot be converted).
 """
 import errno
 import os
@@ -36,9 +37,7 @@ from .geometry import MAX_LENGTH, MAX_LENGTHS, Geometry, human_bytes
 from .sealed import summary_words
 
 MAGIC = b"NGHINTS\x00"
-VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
-FILTER_VERSION = 3  # the first whose sealed summaries hold a presence filter
+VERSION = 4
 HEADER_BYTES = 4096   # one page, so the arrays after it are page-aligned
 PAGE = 4096
 HEADER_LENGTHS = 8           # length fields the header has room for (Geometry allows at most MAX_LENGTHS)
@@ -46,9 +45,8 @@ HISTORY_TOKENS = MAX_LENGTH  # stream tail kept so a loaded index can go on addi
 assert MAX_LENGTHS <= HEADER_LENGTHS
 
 # magic, version, P, B, S, n_lengths, lengths[8], tokens_added, hints_stored, dropped,
-# data_checksum, history_len, history[64] (uint16), [version 2: sealed, side entries], then
-# the CRC32 of all of that.
-_FIELDS_V1 = struct.Struct(f"<8sIIIII{HEADER_LENGTHS}IQQQQI{HISTORY_TOKENS}H")
+# data_checksum, history_len, history[64] (uint16), sealed, side entries, then the CRC32 of all
+# of that.
 _FIELDS = struct.Struct(f"<8sIIIII{HEADER_LENGTHS}IQQQQI{HISTORY_TOKENS}HIQ")
 _VERSION = struct.Struct("<8sI")
 _CRC = struct.Struct("<I")
@@ -59,15 +57,15 @@ def round_up(n, to=PAGE):
     return -(-n // to) * to
 
 
-def layout(geom, side_capacity=None, version=VERSION):
+def layout(geom, side_capacity=None):
     """(fill offset, table offset, total file bytes) of a geometry; with side_capacity (a sealed
-    index), a dict of those and of the sealed arrays' offsets and shapes (in a file of `version`)."""
+    index), a dict of those and of the sealed arrays' offsets and shapes."""
     fill_off = HEADER_BYTES
     table_off = fill_off + round_up(geom.fill_bytes)
     end = table_off + geom.table_bytes
     if side_capacity is None:
         return fill_off, table_off, end
-    words = summary_words(geom.slots, None if version >= FILTER_VERSION else 0)
+    words = summary_words(geom.slots)
     shapes = dict(summary=((geom.n_partitions, geom.n_buckets, words), np.uint16),
                   side_off=((geom.n_partitions + 1,), np.int64),
                   side=((2 * side_capacity,), np.uint64))
@@ -80,8 +78,8 @@ def layout(geom, side_capacity=None, version=VERSION):
     return out
 
 
-def file_bytes(geom, sealed, side_capacity, version=VERSION):
-    return layout(geom, side_capacity, version)["total"] if sealed else layout(geom)[2]
+def file_bytes(geom, sealed, side_capacity):
+    return layout(geom, side_capacity)["total"] if sealed else layout(geom)[2]
 
 
 def pack_header(geom, tokens_added, hints_stored, dropped, data_checksum, history, sealed=False, side_capacity=0):
@@ -107,9 +105,13 @@ def read_header(path):
     magic, version = _VERSION.unpack(raw[:_VERSION.size])
     if magic != MAGIC:
         raise ValueError(f"hint index {path}: magic is {magic!r}, expected {MAGIC!r}; not a hint index file")
-    if version not in READABLE_VERSIONS:
-        raise ValueError(f"hint index {path}: format version is {version}, expected one of {READABLE_VERSIONS}")
-    struct_ = _FIELDS_V1 if version == 1 else _FIELDS
+    if version < VERSION:
+        raise ValueError(f"hint index {path}: format version is {version}, made before version {VERSION} changed the "
+                         f"n-gram hash, so this code cannot find its slots; build it again from its tokens "
+                         f"(python -m hints build)")
+    if version != VERSION:
+        raise ValueError(f"hint index {path}: format version is {version}, expected {VERSION}; made by newer code?")
+    struct_ = _FIELDS
     need = struct_.size + _CRC.size
     if size < need:
         raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header ({need} bytes); truncated?")
@@ -121,7 +123,7 @@ def read_header(path):
     lengths = fields[6:6 + n_len]
     rest = fields[6 + HEADER_LENGTHS:]
     tokens_added, hints_stored, dropped, data_checksum, hist_len = rest[:5]
-    sealed, side_capacity = (bool(rest[5 + HISTORY_TOKENS]), int(rest[6 + HISTORY_TOKENS])) if version >= 2 else (False, 0)
+    sealed, side_capacity = bool(rest[5 + HISTORY_TOKENS]), int(rest[6 + HISTORY_TOKENS])
     try:
         geom = Geometry(p, b, s, tuple(lengths))
     except ValueError as e:
@@ -133,7 +135,7 @@ def read_header(path):
         if v >= 1 << 63:
             raise ValueError(f"hint index {path}: header field {name} is {v}, expected < 2^63; corrupt header")
     history = np.array(rest[5:5 + hist_len], dtype=np.uint16)
-    expected = file_bytes(geom, sealed, side_capacity, version)
+    expected = file_bytes(geom, sealed, side_capacity)
     if size != expected:
         raise ValueError(f"hint index {path}: file is {size} bytes, expected {expected} for geometry "
                          f"{geom.describe()}{' sealed' if sealed else ''}; truncated or corrupt")
@@ -225,9 +227,9 @@ def map_arrays(path, geom, mode):
     return fill, table
 
 
-def map_sealed(path, geom, side_capacity, mode, version=VERSION):
-    """(summary, side_off, side) memory maps of a sealed index's file (of format `version`)."""
-    lay = layout(geom, side_capacity, version)
+def map_sealed(path, geom, side_capacity, mode):
+    """(summary, side_off, side) memory maps of a sealed index's file."""
+    lay = layout(geom, side_capacity)
     out = []
     for name in SEALED_ARRAYS:
         shape, dtype = lay["shapes"][name]
