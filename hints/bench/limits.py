@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from ..index.hashing import HASH_BLOCK, HASH_MULT, HASH_SCRATCH, MIX_MULT, SEED_MULT, hash_arrays, hash_block
-from ..numba_ops import FMIX_C1, unmanaged
+from ..numba_ops import unmanaged
 from ..parallel import alloc, line_aligned, run_split
 from .figures import MIB, REPEATS, Figure, alternate, timed
 
@@ -151,7 +151,9 @@ def vector_rounds(src, dst, rounds):
     positions with one more). One contiguous load and store a position: the compiler vectorises
     it to the target's widest lanes. Returns a word of the output, so nothing is optimised away."""
     acc = U64(0)
-    p0, p1, p2 = MIX_MULT * HASH_MULT, FMIX_C1 * HASH_MULT, HASH_MULT * HASH_MULT  # odd constants standing for MIX_MULT M^L
+    p0 = MIX_MULT * HASH_MULT  # three different odd constants standing for MIX_MULT M^L (equal ones would share a multiply)
+    p1 = p0 * HASH_MULT
+    p2 = p1 * HASH_MULT
     for r in range(rounds):
         for i in range(src.shape[0]):
             x = src[i] * HASH_MULT + U64(r + 1)
