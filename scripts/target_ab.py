@@ -65,6 +65,13 @@ def limits_module(pkg):
         return importlib.import_module(pkg.__name__ + ".bench")
 
 
+def hash_buffers(bench, geom):
+    """The buffers hash_rounds hashes a block into: the block's scratch (HASH_SCRATCH words, or in
+    revisions before it the prefix sums alone), its keys and its partitions."""
+    scratch = getattr(bench, "HASH_SCRATCH", bench.HASH_BLOCK + max(geom.lengths) + 1)
+    return (np.zeros(scratch, np.uint64), np.zeros(bench.HASH_BLOCK, np.uint64), np.zeros(bench.HASH_BLOCK, np.uint64))
+
+
 def worker(args):
     """Prepare every figure once (compiles, warms), then time one repeat per request on stdin."""
     import dataclasses
@@ -78,8 +85,7 @@ def worker(args):
     geom = pkg.Geometry.for_tokens(train.size)
     ix = pkg.HintIndex(dataclasses.replace(geom, partition_bits=0, bucket_bits=1, slots=8))
     s = np.resize(train, CEILING_TOKENS)
-    bufs = (np.zeros(bench.HASH_BLOCK + max(geom.lengths) + 1, np.uint64), np.zeros(bench.HASH_BLOCK, np.uint64),
-            np.zeros(bench.HASH_BLOCK, np.uint64))
+    bufs = hash_buffers(bench, geom)
     sealed = pkg.HintIndex(geom).add(train).seal() if "lookup" in args.figures else None
 
     def ceiling():

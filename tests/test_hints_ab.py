@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hints
@@ -66,6 +67,17 @@ def test_target_ab_finds_the_ceiling_kernel_before_and_after_the_wings(tmp_path,
     assert old.__name__ == f"{names[0]}.bench" and Path(old.__file__) == folder / names[0] / "bench.py"
     for bench in (target_ab.limits_module(hints), old):
         assert callable(bench.hash_rounds) and bench.HASH_BLOCK == 256
+    # the buffers it hands each hash_rounds hold what that revision writes: nothing past them changes
+    # (the checkout's block scratch grew with the one-multiply hash; the old size overran it)
+    geom = hints.Geometry.for_tokens(10_000)
+    ix = hints.HintIndex(geom)
+    s = phrase_stream(3, 4096, 40, 20, 500)
+    for bench in (target_ab.limits_module(hints), old):
+        bufs = target_ab.hash_buffers(bench, geom)
+        guarded = [np.full(b.size + 1024, 0xA5A5A5A5A5A5A5A5, np.uint64) for b in bufs]
+        bench.hash_rounds(s, 1, ix._lengths, ix._pows, geom.partition_bits, ix._bits, ix._shifts,
+                          *[g[:b.size] for g, b in zip(guarded, bufs)])
+        assert all((g[b.size:] == 0xA5A5A5A5A5A5A5A5).all() for g, b in zip(guarded, bufs)), bench.__name__
 
 
 def test_paired_ratios():
