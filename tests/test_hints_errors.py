@@ -420,17 +420,18 @@ def test_geometry_parse():
         Geometry.parse("4,8,7")
 
 
-def test_hash_block_refuses_a_scratch_it_would_overrun():
-    """The kernels index without bounds checks, so hash_block checks the one buffer a caller sizes
-    for it (scripts/target_ab.py once handed it the size from before the scratch grew, and the
-    write past its end crashed the process)."""
-    from hints.index.hashing import HASH_BLOCK, HASH_SCRATCH, hash_arrays, hash_block
+def test_hash_rounds_refuses_a_scratch_it_would_overrun():
+    """The kernels index without bounds checks; hash_rounds, the hashing kernel scripts call with
+    buffers of their own, checks the one whose size changed with the hash (scripts/target_ab.py
+    once handed it the size from before, and the write past its end crashed the process)."""
+    from hints.bench.limits import hash_rounds
+    from hints.index.hashing import HASH_BLOCK, HASH_SCRATCH, hash_arrays
     geom = Geometry(2, 6, 16)
     lengths, pows, bits, shifts = hash_arrays(geom)
     s = np.arange(1000, dtype=np.uint16)
     keys, parts = np.zeros(HASH_BLOCK, np.uint64), np.zeros(HASH_BLOCK, np.uint64)
-    args = (s, 20, 20 + HASH_BLOCK, lengths, pows, geom.partition_bits, bits, shifts)
+    args = (s, 1, lengths, pows, geom.partition_bits, bits, shifts)
     with pytest.raises(ValueError, match="scratch `prefix` is shorter than hints.index.hashing.HASH_SCRATCH"):
-        hash_block(*args, np.zeros(HASH_SCRATCH - 1, np.uint64), keys, parts)
-    hash_block(*args, np.zeros(HASH_SCRATCH, np.uint64), keys, parts)
+        hash_rounds(*args, np.zeros(HASH_SCRATCH - 1, np.uint64), keys, parts)
+    hash_rounds(*args, np.zeros(HASH_SCRATCH, np.uint64), keys, parts)
     assert (keys != 0).all()

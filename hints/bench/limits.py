@@ -65,7 +65,11 @@ def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
 def hash_rounds(s, rounds, lengths, pows, partition_bits, bits, shifts, prefix, keys, parts):
     """Hash the positions of s (past the longest length) `rounds` times over with stage 1's
     vectorised kernel (hints.index.hashing.hash_block), into one block's buffers: compute, nothing read or
-    written outside the caches."""
+    written outside the caches. Scripts hand it buffers of their own, so it checks the one whose size
+    changed with the hash: hash_block indexes without bounds checks (a check inside it, once a block,
+    made stage 1 take 1.1x the time), and a short scratch would be overrun."""
+    if prefix.shape[0] < HASH_SCRATCH:
+        raise ValueError("hash_rounds: the block scratch `prefix` is shorter than hints.index.hashing.HASH_SCRATCH")
     s, prefix = unmanaged(s), unmanaged(prefix)  # as stage 1 takes its slices (hints.numba_ops.unmanaged)
     acc = U64(0)
     start = lengths[lengths.shape[0] - 1]

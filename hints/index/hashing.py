@@ -148,8 +148,6 @@ def hash_block(s, j0, j1, lengths, pows, partition_bits, bits, shifts, prefix, k
     (one multiply-add per token, the only sequential step: prefix_sums), h_L(j) = MIX_MULT P(j)
     - P(j-L) (MIX_MULT M^L) + MIX_MULT SEED_L for every length at once (MIX_MULT P(j) once, for
     all of them), and each length's pass over the block is a loop without branches."""
-    if prefix.shape[0] < HASH_SCRATCH:  # the kernels index without bounds checks: a short one would be overrun
-        raise ValueError("hash_block: its scratch `prefix` is shorter than hints.index.hashing.HASH_SCRATCH")
     base = j0 - lengths[lengths.shape[0] - 1]
     prefix_sums(s, base, j1 - 1 - base, prefix)  # P(j) for j < j1 reads s[:j1-1] only
     n = j1 - j0
