@@ -111,12 +111,11 @@ def read_header(path):
                          f"(python -m hints build)")
     if version != VERSION:
         raise ValueError(f"hint index {path}: format version is {version}, expected {VERSION}; made by newer code?")
-    struct_ = _FIELDS
-    need = struct_.size + _CRC.size
+    need = _FIELDS.size + _CRC.size
     if size < need:
         raise ValueError(f"hint index {path}: file is {size} bytes, too short for a header ({need} bytes); truncated?")
-    body, (crc,) = raw[:struct_.size], _CRC.unpack(raw[struct_.size:need])
-    fields = struct_.unpack(body)
+    body, (crc,) = raw[:_FIELDS.size], _CRC.unpack(raw[_FIELDS.size:need])
+    fields = _FIELDS.unpack(body)
     if zlib.crc32(body) != crc:
         raise ValueError(f"hint index {path}: header checksum mismatch; the header is corrupt")
     p, b, s, n_len = fields[2:6]
