@@ -23,9 +23,13 @@ LATENCY_READS = 1 << 20
 CEILING_TOKENS = 1 << 15
 CEILING_ROUNDS = 2000
 # The vector ceiling: each thread runs VECTOR_WORDS positions (in and out 32 KiB each: L1/L2-resident)
-# VECTOR_ROUNDS times through a plain loop with stage 1's multiplies and shifts per position (vector_rounds).
+# VECTOR_ROUNDS times through a plain loop with stage 1's multiplies and shifts per position (vector_rounds):
+# ~0.1 s a repeat, as the compute ceiling's. At 2,000 rounds (~8 ms since the one-multiply hash made the
+# loop ~3x faster) the second thread's start was a share of the repeat: 2 threads / 1 read 1.87-1.88x
+# against 1.94-1.96x at 20,000 rounds, in one process on the Intel Xeon of 2026-12-07, and a bench run
+# reported 1.72 cores used for 2 threads.
 VECTOR_WORDS = 1 << 12
-VECTOR_ROUNDS = 2000
+VECTOR_ROUNDS = 25_000
 # CPU flags the bench prints: the vector extensions the kernels' code generation depends on.
 CPU_FLAGS = ("avx2", "bmi2", "avx512f", "avx512dq", "avx512vl", "avx512ifma", "avx512_vbmi2", "avx512_fp16", "amx_tile")
 
