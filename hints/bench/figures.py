@@ -27,6 +27,7 @@ class Figure:
     workers: int = 1
     wall: list = dataclasses.field(default_factory=list)
     cpu: list = dataclasses.field(default_factory=list)
+    host: dict = None                            # the host rows while it was measured (hints.bench.host_sampler)
 
     def add(self, wall, cpu):
         self.wall.append(wall)
@@ -49,7 +50,8 @@ class Figure:
         r = self.rates
         return dict(name=self.name, unit=self.unit, workers=self.workers, median=self.median, min=float(r.min()),
                     max=float(r.max()), repeats=len(r), wall_s=self.wall, cpu_s=self.cpu, cores_used=self.cores_used,
-                    median_per_cpu_s=float(np.median([self.work / c for c in self.cpu if c > 0] or [np.nan])))
+                    median_per_cpu_s=float(np.median([self.work / c for c in self.cpu if c > 0] or [np.nan])),
+                    **({"host": self.host} if self.host is not None else {}))
 
     def text(self, scale=1e6, digits=1):
         r = self.rates / scale
@@ -57,16 +59,26 @@ class Figure:
                 f"{self.cores_used:.2f} cores used")
 
 
-def alternate(figs, measure, repeats):
+def alternate(figs, measure, repeats, sampler=None):
     """Measure each of `figs` `repeats` times, alternating between them, after one untimed round:
     measure(key) -> (wall, cpu, extra); returns each key's extras. Without that round, in eight
     runs of this bench, the first of five repeats was the slowest in 21 of the 48 build figures
-    (one in five by chance), at up to 1.68x the median."""
+    (one in five by chance), at up to 1.68x the median. With a `sampler`
+    (hints.bench.host_sampler.HostSampler), the host rows are sampled before the first timed
+    round and after every timed measurement, and each figure's `host` is their medians."""
     extras = {k: [] for k in figs}
+    start = len(sampler) if sampler is not None else 0
     for rep in range(repeats + 1):
         for k, fig in figs.items():
+            if rep == 1 and sampler is not None and k == next(iter(figs)):
+                sampler.sample()
             wall, cpu, extra = measure(k)
             if rep:
                 fig.add(wall, cpu)
                 extras[k].append(extra)
+                if sampler is not None:
+                    sampler.sample()
+    if sampler is not None:
+        for fig in figs.values():
+            fig.host = sampler.window(start)
     return extras

@@ -34,10 +34,11 @@ def warm_add(geom, w, tokens):
     return timed(lambda: idx.add(tokens))
 
 
-def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False):
+def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False, sampler=None):
     """Figures of the first add into a fresh index, 1 and `workers` workers, alternated ({"fresh_<w>w"});
     with `warm`, alternated with the warm add too ({"warm_<w>w"}); with `lazy`, with the first add
-    into a fresh index that is not pre-faulted ({"lazy_<w>w"}). Logs each, with the pre-fault's seconds."""
+    into a fresh index that is not pre-faulted ({"lazy_<w>w"}); with a `sampler`, the host rows beside
+    (hints.bench.host_sampler). Logs each, with the pre-fault's seconds."""
     ws = sorted({1, workers})
     figs = {f"fresh_{w}w": Figure(f"first add into a fresh index (made + add), {w} worker(s)", "tok/s", tokens.size, w)
             for w in ws}
@@ -56,7 +57,7 @@ def bench_fresh(tokens, geom, workers, repeats, log, warm=False, lazy=False):
             prefault[w] = idx.prefault
         return wall, cpu, idx.prefault["seconds"] if kind == "fresh" and idx.prefault else None
 
-    extras = alternate(figs, measure, repeats)
+    extras = alternate(figs, measure, repeats, sampler)
     for key, f in figs.items():
         pf = [s for s in extras[key] if s is not None]
         log(f"  {f.name}: {f.text()}" + (f"; of which the pre-fault {np.median(pf):.3f}s [{min(pf):.3f}-{max(pf):.3f}] "

@@ -2,7 +2,8 @@
 (stage 1's hashing in cache), the vector ceiling (its arithmetic in a plain loop), memory latency
 (a pointer chase), the random-write floor under stage 2, and the CPU they were measured on.
 
-Each is a host row of `python -m hints bench` (hints.bench.shares sets every figure against one).
+Each is a host row of `python -m hints bench` (hints.bench.shares sets every figure against one);
+the vector ceiling and the random-write floor are sampled all through a run (hints.bench.host_sampler).
 """
 import os
 import platform
@@ -22,14 +23,10 @@ LATENCY_READS = 1 << 20
 # buffers) CEILING_ROUNDS times: ~0.1 s of stage 1's hashing on one core, with no memory traffic.
 CEILING_TOKENS = 1 << 15
 CEILING_ROUNDS = 2000
-# The vector ceiling: each thread runs VECTOR_WORDS positions (in and out 32 KiB each: L1/L2-resident)
-# VECTOR_ROUNDS times through a plain loop with stage 1's multiplies and shifts per position (vector_rounds):
-# ~0.1 s a repeat, as the compute ceiling's. At 2,000 rounds (~8 ms since the one-multiply hash made the
-# loop ~3x faster) the second thread's start was a share of the repeat: 2 threads / 1 read 1.87-1.88x
-# against 1.94-1.96x at 20,000 rounds, in one process on the Intel Xeon of 2026-12-07, and a bench run
-# reported 1.72 cores used for 2 threads.
+# The vector ceiling: a thread runs VECTOR_WORDS positions (in and out 32 KiB each: L1/L2-resident)
+# through a plain loop with stage 1's multiplies and shifts per position (vector_rounds), as many
+# rounds as its sampler asks (hints.bench.host_sampler).
 VECTOR_WORDS = 1 << 12
-VECTOR_ROUNDS = 25_000
 # CPU flags the bench prints: the vector extensions the kernels' code generation depends on.
 CPU_FLAGS = ("avx2", "bmi2", "avx512f", "avx512dq", "avx512vl", "avx512ifma", "avx512_vbmi2", "avx512_fp16", "amx_tile")
 
@@ -84,7 +81,7 @@ def hash_rounds(s, rounds, lengths, pows, partition_bits, bits, shifts, prefix, 
     return acc
 
 
-def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOKENS, rounds=CEILING_ROUNDS):
+def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOKENS, rounds=CEILING_ROUNDS, sampler=None):
     """Positions hashed per second by 1 thread and by `workers` threads at once, each hashing its
     own cache-resident copy of `tokens[:n]` with stage 1's kernel, alternated (after one untimed
     round). No memory traffic and nothing shared: their ratio is what this machine's cores give a
@@ -107,7 +104,7 @@ def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOK
     per_thread = rounds * (src.size - max(geom.lengths)) // HASH_BLOCK * HASH_BLOCK
     figs = {w: Figure(f"compute ceiling: stage 1's hashing in cache, {w} thread(s)", "pos/s", per_thread * w, w)
             for w in sorted({1, workers})}
-    alternate(figs, lambda w: timed(lambda: run_split(work, w, w))[:2] + (None,), repeats)
+    alternate(figs, lambda w: timed(lambda: run_split(work, w, w))[:2] + (None,), repeats, sampler)
     for w, fig in figs.items():
         log(f"  compute ceiling (stage 1's hashing in cache), {w} thread(s): {fig.text(digits=0)}")
     return figs
@@ -174,27 +171,6 @@ def vector_rounds(src, dst, rounds):
             dst[i] = ((h0 >> U64(40)) << U64(24)) | (h1 << U64(12)) | h2
         acc ^= dst[r % dst.shape[0]]
     return acc
-
-
-def vector_ceiling(log, workers=2, repeats=REPEATS, n=VECTOR_WORDS, rounds=VECTOR_ROUNDS):
-    """Positions per second through vector_rounds on 1 thread and on `workers` threads at once, each
-    on its own cache-resident buffers, alternated (after one untimed round): what this host's cores
-    give the arithmetic of stage 1 when nothing else is in the way. Compute-bound figures are
-    reported as a share of it, and its own `workers`/1 ratio is what this host can give a second
-    worker (the reproducibility criterion's yardstick)."""
-    rng = np.random.default_rng(0)
-    bufs = []
-    for _ in range(workers):
-        src = line_aligned((n,), np.uint64)
-        src[:] = rng.integers(0, 1 << 16, n, dtype=np.uint64)
-        bufs.append((src, line_aligned((n,), np.uint64)))
-    figs = {w: Figure(f"vector ceiling: stage 1's multiplies and shifts, plain loop in cache, {w} thread(s)", "pos/s",
-                      n * rounds * w, w) for w in sorted({1, workers})}
-    alternate(figs, lambda w: timed(lambda: run_split(lambda r, a, b: vector_rounds(*bufs[r], rounds), w, w))[:2]
-              + (None,), repeats)
-    for w, fig in figs.items():
-        log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s): {fig.text(digits=0)}")
-    return figs
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,4 +1,5 @@
-"""Figures as shares of their host rows (hints.bench.limits), measured in the same run, and the
+"""Figures as shares of their host rows (hints.bench.limits), measured in the same run: each figure
+against the host rows sampled while it was measured (hints.bench.host_sampler). And the
 reproducibility criterion of docs/performance.md that `python -m hints bench --compare` checks.
 """
 import numpy as np
@@ -25,11 +26,18 @@ def host_row(key, workers):
     return f"vector_{w}w"
 
 
+def host_of(res, f, row):
+    """The rate of host row `row` while figure (or record step) f was measured: the medians of the
+    samples of its window (hints.bench.host_sampler), else the run's median of that row."""
+    host = f.get("host") or {}
+    return host[row] if row in host else res["figures"][row]["median"]
+
+
 def host_shares(res):
-    """{figure: share of its host row} from one run's medians (rates per second), and per stage:
-    each build's stage 1 against the vector ceiling, stage 2 against the random-write floor; the
-    record step's lookup and stage 2 against its own floor (random writes into its table), its
-    stage 1 against the vector ceiling."""
+    """{figure: share of its host row} from one run's medians (rates per second), each against the
+    host rows of its own window (host_of), and per stage: each build's stage 1 against the vector
+    ceiling, stage 2 against the random-write floor; the record step's lookup and stage 2 against
+    its own floor (random writes into its table), its stage 1 against the vector ceiling."""
     figs, workers = res["figures"], res["workers"]
     shares = {}
     for key, f in figs.items():
@@ -37,15 +45,17 @@ def host_shares(res):
         if row is None or row not in figs:
             continue
         per = f["workers"] if (row in ("random_writes", "memcpy_1w")) else 1
-        shares[key] = f["median"] / per / figs[row]["median"]
+        shares[key] = f["median"] / per / host_of(res, f, row)
     n = res["train_tokens"]
     for label, stages in (("build", res["stages"]), ("build_many", res["stages_many"])):
         for w, st in stages.items():
             for stage, row, per in (("stage1", f"vector_{w}w", 1), ("stage2", "random_writes", int(w))):
                 if row in figs:
-                    shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / per / figs[row]["median"]
+                    host = host_of(res, figs[f"{label}_{w}w"], row)
+                    shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / per / host
     if "record_step" in res:  # against its own floor: random writes into the record-shape table
-        r, vec = res["record_step"], figs["vector_1w"]["median"]
+        r = res["record_step"]
+        vec = host_of(res, r, "vector_1w")
         floor = RECORD_ADD / (1e-3 * np.median(r["random_writes_ms"]))
         shares["record_lookup"] = RECORD_LOOKUP / (1e-3 * np.median(r["lookup_ms"])) / floor
         shares["record_stage1"] = RECORD_ADD / (1e-3 * np.median(r["stage1_ms"])) / vec

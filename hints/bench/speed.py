@@ -24,9 +24,10 @@ runs on the same kind of machine). Peak build memory is measured once in a fresh
 
 Host rows (docs/performance.md, "2026-12-03"): the CPU is printed with the figures (vendor, model,
 vector flags, LLVM target); the vector ceiling (stage 1's multiplies and shifts in a plain
-vectorised loop, 1 and 2 threads) and the random-write floor are measured in every run, and each
-figure is also given as a share of its host row (compute-bound: the vector ceiling of as many
-threads; memory-bound: the random-write floor or memcpy), from wall time and from CPU time. With
+vectorised loop, 1 and 2 threads) and the random-write floor are sampled all through every run
+(hints.bench.host_sampler), and each figure is also given as a share of its host row as it was
+while the figure was measured (compute-bound: the vector ceiling of as many threads; memory-bound:
+the random-write floor or memcpy), from wall time, and from CPU time against the run's rows. With
 `previous` (bench --compare) the shares of two runs are checked to agree within 15%; two workers
 are checked against the vector ceiling's own 2/1 ratio. From this CPU's per-core stage rates and
 its copy bandwidth, a projection of the record's build (35B tokens on 48 threads in 6.36 s).
@@ -39,7 +40,8 @@ from ..index import Geometry, HintIndex, ReferenceIndex
 from ..index.sealed import summary_words
 from ..tokens import iter_chunks
 from .figures import MIB, REPEATS, Figure, alternate, timed
-from .limits import compute_ceiling, cpu_info, cpu_text, memcpy_bandwidth, memory_latency, random_writes, vector_ceiling
+from .host_sampler import HostSampler
+from .limits import compute_ceiling, cpu_info, cpu_text, memcpy_bandwidth, memory_latency
 from .peak_memory import measure_memory
 from .record import RECORD_ADD, bench_record_step, projection
 from .shares import REPRO_SCALING, REPRO_TOLERANCE, host_shares, host_shares_cpu, reproducibility, share_text
@@ -48,18 +50,24 @@ MEMORY_SLACK = 256 * MIB  # docs/design.md: peak build RSS <= index + staging + 
 MANY_PARTITIONS = 14      # the record's 2^14 partitions: the second build geometry
 
 
-def bench_reference(train, query, ref_tokens, ref_query, repeats, log):
+def bench_reference(train, query, ref_tokens, ref_query, repeats, log, sampler=None):
     build = Figure("plain-Python reference build", "tok/s", min(ref_tokens, train.size))
     look = Figure("plain-Python reference lookup", "pos/s", min(ref_query, query.size))
-    for _ in range(repeats):
-        ref = ReferenceIndex()
-        build.add(*timed(lambda: ref.add(train[:ref_tokens]))[:2])
-        look.add(*timed(lambda: ref.lookup(query[:ref_query]))[:2])
+    ref = None
+
+    def measure(key):  # a build, then a lookup of the index it built
+        nonlocal ref
+        if key == "build":
+            ref = ReferenceIndex()
+            return timed(lambda: ref.add(train[:ref_tokens]))[:2] + (None,)
+        return timed(lambda: ref.lookup(query[:ref_query]))[:2] + (None,)
+
+    alternate(dict(build=build, lookup=look), measure, repeats, sampler)
     log(f"  plain Python: build {build.text(digits=3)}, lookup {look.text(digits=3)}")
     return build, look
 
 
-def bench_build(train, geom, workers, repeats, log, label=""):
+def bench_build(train, geom, workers, repeats, log, label="", sampler=None):
     """Build figures for 1 and `workers` workers, alternated; returns (figures, stage seconds, last index)."""
     figs = {w: Figure(f"build{label}, {w} worker(s)", "tok/s", train.size, w) for w in sorted({1, workers})}
     idx = None
@@ -70,7 +78,7 @@ def bench_build(train, geom, workers, repeats, log, label=""):
         idx = HintIndex(geom, workers=w).reserve(train.size)  # table + staging, timed apart
         return (*timed(lambda: idx.add(train))[:2], dict(idx.build_seconds))
 
-    stages = alternate(figs, build, repeats)
+    stages = alternate(figs, build, repeats, sampler)
     for w, f in figs.items():
         s1 = np.median([s["stage1"] for s in stages[w]])
         s2 = np.median([s["stage2"] for s in stages[w]])
@@ -79,7 +87,7 @@ def bench_build(train, geom, workers, repeats, log, label=""):
     return figs, stages, idx
 
 
-def bench_shards(pattern, n_tokens, geom, workers, repeats, log):
+def bench_shards(pattern, n_tokens, geom, workers, repeats, log, sampler=None):
     """The background build end to end: read .bin shards chunk by chunk and add them."""
     figs = {w: Figure(f"build from shards, {w} worker(s)", "tok/s", n_tokens, w) for w in sorted({1, workers})}
 
@@ -87,21 +95,21 @@ def bench_shards(pattern, n_tokens, geom, workers, repeats, log):
         idx = HintIndex(geom, workers=w).reserve(n_tokens)
         return timed(lambda: [idx.add(c) for c in iter_chunks(pattern, n_tokens)])[:2] + (None,)
 
-    alternate(figs, build, repeats)
+    alternate(figs, build, repeats, sampler)
     for w, f in figs.items():
         log(f"  build from .bin shards (read + stage 1 + stage 2), {w} worker(s): {f.text()} "
             f"({f.median / w / 1e6:.1f}M per worker)")
     return figs
 
 
-def bench_lookup(idx, query, workers, repeats, label, log):
+def bench_lookup(idx, query, workers, repeats, label, log, sampler=None):
     figs = {w: Figure(f"lookup {label}, {w} worker(s)", "pos/s", query.size, w) for w in sorted({1, workers})}
 
     def look(w):
         idx.workers = w
         return timed(lambda: idx.lookup(query))[:2] + (None,)
 
-    alternate(figs, look, repeats)
+    alternate(figs, look, repeats, sampler)
     for w, f in figs.items():
         log(f"  lookup {label}, {w} worker(s): {f.text(digits=2)} ({f.median / w / 1e6:.2f}M per core)")
     return figs
@@ -120,12 +128,16 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(train[:1000]).lookup(query[:1000])  # load compiled kernels
     HintIndex(Geometry(2, 4, 8, geom.lengths)).add(train[:1000]).seal().lookup(query[:1000])
     figs = {}
-    ref_build, ref_look = bench_reference(train, query, ref_tokens, ref_query, repeats, log)
+    sampler = HostSampler(workers, geom.n_slots * 8)  # the host rows, sampled all through the run
+    ref_build, ref_look = bench_reference(train, query, ref_tokens, ref_query, repeats, log, sampler)
     figs.update(ref_build=ref_build, ref_lookup=ref_look)
 
     record = None
     if record_step:  # first, on a fresh process: after the builds' GiBs come and go, it measured 1.4x slower
+        start = len(sampler)
+        sampler.sample()
         rec = bench_record_step(train, repeats, log, geom.lengths)
+        sampler.sample()
         record = dict(geometry=rec["geometry"], prefill=rec["prefill"], ms=[1e3 * w for w in rec["step"].wall],
                       cpu_ms=[1e3 * c for c in rec["step"].cpu],
                       lookup_ms=[1e3 * w for w in rec["lookup"].wall], add_ms=[1e3 * w for w in rec["add"].wall],
@@ -134,37 +146,42 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
                       threads={str(w): dict(ms=[1e3 * x for x in f["step"].wall], cpu_ms=[1e3 * x for x in f["step"].cpu],
                                             lookup_ms=[1e3 * x for x in f["lookup"].wall],
                                             add_ms=[1e3 * x for x in f["add"].wall])
-                               for w, f in rec["threads"].items()})
-    build, stages, idx = bench_build(train, geom, workers, repeats, log)
+                               for w, f in rec["threads"].items()},
+                      host=sampler.window(start))
+    build, stages, idx = bench_build(train, geom, workers, repeats, log, sampler=sampler)
     for w, f in build.items():
         figs[f"build_{w}w"] = f
     from .fresh import bench_fresh  # here: `python -m hints.bench.fresh` runs that module as a script
-    figs.update(bench_fresh(train, geom, workers, repeats, log))  # made + first add, beside the warm build
+    figs.update(bench_fresh(train, geom, workers, repeats, log, sampler=sampler))  # made + first add, beside the warm build
     many = dataclasses.replace(geom, partition_bits=MANY_PARTITIONS,
                                bucket_bits=max(1, geom.partition_bits + geom.bucket_bits - MANY_PARTITIONS))
-    build_many, stages_many, _ = bench_build(train, many, workers, repeats, log, label=f" at {many.n_partitions:,} partitions")
+    build_many, stages_many, _ = bench_build(train, many, workers, repeats, log, label=f" at {many.n_partitions:,} partitions",
+                                             sampler=sampler)
     for w, f in build_many.items():
         figs[f"build_many_{w}w"] = f
     if shards:
-        for w, f in bench_shards(shards, train.size, geom, workers, repeats, log).items():
+        for w, f in bench_shards(shards, train.size, geom, workers, repeats, log, sampler).items():
             figs[f"shards_{w}w"] = f
 
     seal = Figure("seal", "tok/s", train.size, workers)
     sealed = None
-    for _ in range(repeats):
+
+    def seal_one(_):
+        nonlocal sealed
         sealed = None
         sealed = HintIndex(geom, workers=workers).add(train)
-        seal.add(*timed(sealed.seal)[:2])
+        return timed(sealed.seal)[:2] + (None,)
+
+    alternate(dict(seal=seal), seal_one, repeats, sampler)
     figs["seal"] = seal
     log(f"  seal ({workers} workers): {seal.text()} of tokens built; side table {sealed.side_capacity:,} entries "
         f"({2 * 8 * sealed.side_capacity / MIB:.1f} MiB), summaries "
         f"{geom.n_partitions * geom.n_buckets * summary_words(geom.slots) * 2 / MIB:.1f} MiB")
 
-    for w, f in bench_lookup(idx, query, workers, repeats, "scan (growing index)", log).items():
+    for w, f in bench_lookup(idx, query, workers, repeats, "scan (growing index)", log, sampler).items():
         figs[f"lookup_scan_{w}w"] = f
-    for w, f in bench_lookup(sealed, query, workers, repeats, "sealed", log).items():
+    for w, f in bench_lookup(sealed, query, workers, repeats, "sealed", log, sampler).items():
         figs[f"lookup_sealed_{w}w"] = f
-    figs["random_writes"] = random_writes(log, idx.table, RECORD_ADD, repeats)  # the scan is done with idx
 
     res = dict(cpu=cpu, geometry=geom.to_dict(), train_tokens=int(train.size), query_tokens=int(query.size), workers=workers,
                repeats=repeats, dropped=idx.dropped, hints_stored=idx.hints_stored,
@@ -184,12 +201,13 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for w, fig in memcpy_bandwidth(log, workers, repeats=repeats).items():
         figs[f"memcpy_{w}w"] = fig
         res["figures"][f"memcpy_{w}w"] = fig.summary()
-    for w, fig in compute_ceiling(train, geom, log, workers, repeats=repeats).items():
+    for w, fig in compute_ceiling(train, geom, log, workers, repeats=repeats, sampler=sampler).items():
         figs[f"ceiling_{w}w"] = fig
         res["figures"][f"ceiling_{w}w"] = fig.summary()
-    for w, fig in vector_ceiling(log, workers, repeats=repeats).items():
-        figs[f"vector_{w}w"] = fig
-        res["figures"][f"vector_{w}w"] = fig.summary()
+    sampler.log(log)
+    for key, fig in sampler.rows.items():
+        figs[key] = fig
+        res["figures"][key] = fig.summary()
     res["figures"]["latency"] = memory_latency(log, repeats=repeats).summary()
     ratios = dict(build_1w_vs_ref=figs["build_1w"].median / ref_build.median,
                   lookup_sealed_1w_vs_ref=figs["lookup_sealed_1w"].median / ref_look.median)
