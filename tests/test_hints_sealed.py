@@ -270,3 +270,40 @@ def test_compile_kernels_needs_no_writable_temp_dir(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     assert compile_kernels((6, 10, 20)) > 0
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("seal", [True, False])
+def test_lookups_reuse_output_memory_only_once_no_result_refers_to_it(seal):
+    """An index hands a lookup the memory of an earlier result's outputs (no page faults on the
+    clock) only when no array views it any more: a result a caller holds is never written again."""
+    geom = Geometry(4, 6, 16, (6, 10, 20))
+    idx = HintIndex(geom, workers=2).add(phrase_stream(1, 20_000, 16, 200, 12))
+    if seal:
+        idx.seal()
+    q1, q2 = phrase_stream(2, 5_000, 16, 200, 12), phrase_stream(3, 5_000, 16, 200, 12)
+    fresh = HintIndex(geom).add(phrase_stream(1, 20_000, 16, 200, 12))  # what every lookup must equal
+    want1, want2 = fresh.lookup(q1), fresh.lookup(q2)
+
+    def memory(h):
+        return [getattr(h, f) for f in FIELDS]
+
+    a = idx.lookup(q1)
+    b = idx.lookup(q1)  # a is held: new memory
+    c = idx.lookup(q2)  # a and b are held: new memory again
+    for i, j in ((0, 1), (0, 2), (1, 2)):  # (indices: a loop variable would hold a result)
+        assert not any(np.shares_memory(u, v) for u in memory((a, b, c)[i]) for v in memory((a, b, c)[j]))
+    assert_same_hints(a, want1, "a, held through two more lookups")
+    assert_same_hints(b, want1, "b")
+    assert_same_hints(c, want2, "c")
+    b_at = b.token.ctypes.data
+    del b
+    d = idx.lookup(q2)  # b's memory is free again, and is reused
+    assert d.token.ctypes.data == b_at
+    assert_same_hints(d, want2, "d, in b's memory")
+    view = d.count[1:, 10:]  # a view of one field keeps the whole buffer
+    del d
+    e = idx.lookup(q1)
+    assert not any(np.shares_memory(view, v) for v in memory(e))
+    assert_same_hints(e, want1, "e")
+    assert_same_hints(a, want1, "a, at the end")
+    assert_same_hints(c, want2, "c, at the end")

@@ -29,7 +29,7 @@ from ..tokens import as_tokens
 from . import build, lookup, sealed, store
 from .geometry import SLOTS_PER_LINE, Geometry, human_bytes
 from .hashing import HASH_BLOCK, HASH_SCRATCH, hash_arrays
-from .results import Hints, lookup_outputs, purity_kinds
+from .results import Hints, OutputMemory, purity_kinds
 from .sealed import search_block, search_scratch
 from .sizing import STAGE_BLOCK, burst_slots, default_chunk_tokens, stage1_chunk
 
@@ -100,6 +100,7 @@ class HintIndex:
         self._side = None  # sealed: (bucket summaries, side-table offsets, side table), see hints.index.sealed
         self._scratch_free = []  # per-worker lookup scratch (counters, sort buffers), reused
         self._scratch_lock = threading.Lock()
+        self._outputs = OutputMemory()  # lookups' output arrays, reused once no result refers to them
         self.tokens_added = int(tokens_added)
         self.history = np.zeros(0, dtype=np.uint16) if history is None else history
         self._dropped = np.zeros(geom.n_partitions, dtype=np.int64)  # per partition (stage 2; stage 1's in [0])
@@ -317,7 +318,7 @@ class HintIndex:
         frozen runs across the positions of a range)."""
         q = as_tokens(tokens)
         K, n = self.geom.n_lengths, q.size
-        tok, cnt, top, purity, kind = lookup_outputs(K, n)
+        tok, cnt, top, purity, kind = self._outputs.outputs(K, n)
         g = self.geom
         if self.sealed:
             arrays = self.search_arrays()
