@@ -77,7 +77,8 @@ def test_sealed_lookup_in_claimed_blocks_equals_scan(monkeypatch, block):
     count, blocks that do not divide the query (a short last one), and many blocks or few of the
     real size, the hints are the growing index's scan's."""
     if block:
-        monkeypatch.setattr(hint_index, "search_block", lambda n, workers: block)  # many blocks in a short query
+        monkeypatch.setattr(hint_index, "search_blocks",  # many blocks of one size in a short query
+                            lambda n, workers: np.append(np.arange(0, n, block), n))
     geom = CASES[1][1]
     train = phrase_stream(2, 30000, 12, 300, 12)
     q = phrase_stream(2, 2 * sealed.SEARCH_BLOCK + 777 if block is None else 10_500, 12, 300, 12, pick_seed=1)
@@ -88,6 +89,25 @@ def test_sealed_lookup_in_claimed_blocks_equals_scan(monkeypatch, block):
         assert_same_hints(idx.lookup(q), want, f"{w} workers")
         tok, cnt, top = idx.lookup_counts(q)
         assert (tok == want.token).all() and (cnt == want.count).all()
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 4097, 32_768, 115_985, 904_837])
+def test_search_blocks_cover_the_query_and_shrink(n):
+    """The blocks a sealed lookup's workers claim: all n positions once, in order; one block for one
+    worker; for more, blocks that never grow, at most one sort block and (but the last) at least
+    SEARCH_MIN_BLOCK, the first a 1/(SEARCH_SHARE x workers) share of the query."""
+    assert sealed.search_blocks(n, 1).tolist() == ([0, n] if n else [0])
+    for workers in (2, 3, 8):
+        starts = sealed.search_blocks(n, workers)
+        sizes = np.diff(starts)
+        assert starts[0] == 0 and starts[-1] == n and (sizes > 0).all(), workers
+        assert (sizes <= sealed.SEARCH_BLOCK).all() and (sizes[:-1] >= sealed.SEARCH_MIN_BLOCK).all()
+        assert (np.diff(sizes[:-1]) <= 0).all()
+        if sizes.size > 2 and sizes[0] > sealed.SEARCH_MIN_BLOCK:  # they shrink to the least by the end
+            assert sizes[-2] == sealed.SEARCH_MIN_BLOCK
+        if n:
+            want = min(n, sealed.SEARCH_BLOCK, max(sealed.SEARCH_MIN_BLOCK, -(-n // (sealed.SEARCH_SHARE * workers))))
+            assert sizes[0] == want
 
 
 def test_seal_bytes_do_not_depend_on_workers():

@@ -30,7 +30,7 @@ from . import build, lookup, sealed, store
 from .geometry import SLOTS_PER_LINE, Geometry, human_bytes
 from .hashing import HASH_BLOCK, HASH_SCRATCH, hash_arrays
 from .results import Hints, OutputMemory, purity_kinds
-from .sealed import search_block, search_scratch
+from .sealed import search_blocks, search_scratch
 from .sizing import STAGE_BLOCK, burst_slots, default_chunk_tokens, stage1_chunk
 
 
@@ -314,7 +314,7 @@ class HintIndex:
         """Raw lookup: (top token int32, n-gram count int32, top follower's count int32), each (K, n);
         with hints=True, Hints (purity and kind computed by each worker right after its range).
         A sealed index's workers claim blocks of positions in turn (sealed.search_claimed,
-        sealed.search_block); a growing index's take one contiguous range each (its scan keeps
+        sealed.search_blocks); a growing index's take one contiguous range each (its scan keeps
         frozen runs across the positions of a range)."""
         q = as_tokens(tokens)
         K, n = self.geom.n_lengths, q.size
@@ -323,14 +323,14 @@ class HintIndex:
         if self.sealed:
             arrays = self.search_arrays()
             claims = line_aligned((1,), np.int64)
-            block = search_block(n, self.workers)
-            workers = max(1, min(self.workers, -(-n // block)))
+            starts = search_blocks(n, self.workers)
+            workers = max(1, min(self.workers, starts.size - 1))
 
             def search(r, *_):
                 sc = self._take_scratch()
                 try:
-                    sealed.search_claimed(n, q, arrays, search_scratch(sc), tok, cnt, top, purity, kind, hints, claims,
-                                          block)
+                    sealed.search_claimed(q, arrays, search_scratch(sc), tok, cnt, top, purity, kind, hints, claims,
+                                          starts)
                 finally:
                     self._give_scratch(sc)
 

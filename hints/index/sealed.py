@@ -52,14 +52,14 @@ SUMMARY_ALIGN = 32  # uint16 words per 64-byte line
 FILTER_WORDS = 8
 FILTER_LOG_BITS = 7
 FILTER_MULT = U64(0x9E3779B97F4A7C15)  # odd (2^64 / golden ratio), unlike the bucket hash's multiplier
-# A sealed lookup's workers claim blocks of positions in turn (search_claimed): at most one sort
-# block of lookup_sorted (which starts afresh at each), so a block costs what a range's sort
-# blocks cost (28 blocks on the 0.9M positions of the standard-library validation split); a
-# shorter query is cut into SEARCH_BLOCKS_PER_WORKER blocks a worker (the prose split's 116k
-# positions in 8 of 14.5k for 2 workers: 4 of 32,768 had left one worker a block behind), but
-# none shorter than SEARCH_MIN_BLOCK.
+# A sealed lookup's workers claim blocks of positions in turn (search_claimed), blocks that shrink
+# as the query is used up (guided scheduling): each a 1/(SEARCH_SHARE x workers) share of the
+# positions left, at most one sort block of lookup_sorted (which starts afresh at each) and at
+# least SEARCH_MIN_BLOCK. Blocks of one size (a quarter of a worker's share, 8 of 14.5k for the
+# prose split's 116k positions on 2 workers) left one worker alone for the last ~2 ms of ~10:
+# the cost of a block depends on its text.
 SEARCH_BLOCK = GROUP_BLOCK
-SEARCH_BLOCKS_PER_WORKER = 4
+SEARCH_SHARE = 2
 SEARCH_MIN_BLOCK = 4096
 LINEAR_BOUNDS = 16  # ranges of up to 16 slots (two lines) are counted, longer ones binary-searched
 INSERTION_SORT_MAX = 32  # sealing sorts buckets of up to 32 slots by insertion, longer ones by ndarray.sort
@@ -492,17 +492,21 @@ def search_sealed(t0, t1, q, arrays, scratch, out_token, out_count, out_top):
                   out_token, out_count, out_top, toks, keys, parts, order, spare, hist, prefix, small_i, small_u)
 
 
-def search_block(n, workers):
-    """Positions a block of search_claimed holds, for a lookup of n positions on `workers` workers
-    (one worker: all of them, in one range as lookup_sorted takes it)."""
-    if workers <= 1:
-        return max(n, 1)
-    return min(SEARCH_BLOCK, max(SEARCH_MIN_BLOCK, -(-n // (workers * SEARCH_BLOCKS_PER_WORKER))))
+def search_blocks(n, workers):
+    """The blocks search_claimed's workers claim in turn, for a lookup of n positions on `workers`
+    workers: their starts and n at the end (int64). One worker: one block of all n (lookup_sorted
+    takes it in sort blocks)."""
+    starts = [0]
+    while starts[-1] < n:
+        left = n - starts[-1]
+        size = left if workers <= 1 else min(SEARCH_BLOCK, max(SEARCH_MIN_BLOCK, -(-left // (SEARCH_SHARE * workers))))
+        starts.append(starts[-1] + min(size, left))
+    return np.array(starts, dtype=np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
-def search_claimed(n, q, arrays, scratch, out_token, out_count, out_top, purity, kind, with_kinds, claims, block):
-    """One lookup worker: search_sealed over blocks of `block` positions of q[:n], each claimed
+def search_claimed(q, arrays, scratch, out_token, out_count, out_top, purity, kind, with_kinds, claims, starts):
+    """One lookup worker: search_sealed over the blocks of q (starts: search_blocks), each claimed
     from the shared counter claims[0] (the next unclaimed one each time), with purity and kind
     (purity_kinds) of each block right after it when with_kinds. Every block writes only its own
     positions, so the results do not depend on who took which.
@@ -513,10 +517,10 @@ def search_claimed(n, q, arrays, scratch, out_token, out_count, out_top, purity,
     validation split. Blocks claimed in turn leave at most one block's difference (0.51), and a
     worker that starts late, or that the host runs less, takes fewer blocks."""
     while True:
-        t0 = atomic_add(claims, 0, 1) * block
-        if t0 >= n:
+        b = atomic_add(claims, 0, 1)
+        if b >= starts.shape[0] - 1:
             break
-        t1 = min(n, t0 + block)
+        t0, t1 = starts[b], starts[b + 1]
         search_sealed(t0, t1, q, arrays, scratch, out_token, out_count, out_top)
         if with_kinds:
             purity_kinds(t0, t1, out_count, out_top, purity, kind)
