@@ -40,7 +40,11 @@ def copy_words(src, dst):
 
 @numba.njit(cache=True, nogil=True)
 def scatter_words(table, where):
-    """table[where[i]] = i: independent 8-byte writes to random places, what stage 2 does per slot."""
+    """table[where[i]] = i: independent 8-byte writes to random places, what stage 2 does per slot.
+    The random-write floor (hints.bench.host_sampler, hints.bench.record) writes new places each
+    time, as each add's slots are new places: written a second time, the same 262,144 places took
+    4.2 ns a write against 8.4 ns for fresh ones, because their lines and page-table entries were
+    still cached."""
     for i in range(where.shape[0]):
         table[where[i]] = U64(i)
 
@@ -198,25 +202,4 @@ def memory_latency(log, nbytes=LATENCY_BYTES, reads=LATENCY_READS, repeats=REPEA
         fig.add(*timed(lambda: chase(nxt, reads))[:2])
     log(f"  memory latency (dependent random reads, 1 core): {1e9 / fig.median:.0f} ns per read "
         f"[{1e9 / fig.rates.max():.0f}-{1e9 / fig.rates.min():.0f}]")
-    return fig
-
-
-def random_writes(log, table, n, repeats=REPEATS):
-    """Independent 8-byte writes to random places of `table` (a used index's, whose contents they
-    spoil), 1 core: the floor under stage 2, which writes each slot into a random line. Each
-    repeat writes n places of its own, as each add's slots are new places: written a second
-    time, the same 262,144 places took 4.2 ns a write against 8.4 ns for fresh ones, because
-    their lines and page-table entries were still cached. The index's own memory, because a
-    fresh allocation may get other pages (measured: 1.8 ms once, 14 ms median the next run,
-    when huge pages ran short)."""
-    table = table.reshape(-1)
-    nbytes = table.nbytes
-    rng = np.random.default_rng(0)
-    scatter_words(table, rng.integers(0, table.size, 1000))
-    fig = Figure(f"random 8-byte writes into {nbytes / 2**30:.1f} GiB, 1 core", "writes/s", n)
-    for _ in range(repeats):
-        where = rng.integers(0, table.size, n)
-        fig.add(*timed(lambda: scatter_words(table, where))[:2])
-    log(f"  random 8-byte writes into {nbytes / 2**30:.1f} GiB, 1 core, new places each repeat: "
-        f"{1e9 / fig.median:.1f} ns per write [{1e9 / fig.rates.max():.1f}-{1e9 / fig.rates.min():.1f}]")
     return fig
