@@ -11,8 +11,9 @@ Figures (--figure):
                --record-step`); paired per lookup and per add.
   build        builds of the whole training stream at each --partition-bits (buckets so that the
                table keeps 2^18 buckets), with --workers workers; paired per build, per stage.
-  lookup       lookups of the query stream in blocks of 16,384, on a sealed index and on a
-               growing one (scan); paired per block.
+  lookup       lookups of the query stream in blocks of 16,384 (--block; 0: the whole stream in
+               one lookup), on a sealed index and on a growing one (scan), with --workers
+               workers; paired per block.
 Each ratio is time(variant) / time(revision), paired: median [IQR] and the geometric mean with
 two standard errors. A change counts where it beats the A/A by more than their errors.
 
@@ -198,13 +199,14 @@ def build(mods, names, train, args):
 
 
 def lookup(mods, names, train, query, args):
-    blocks = [query[i:i + LOOKUP_BLOCK] for i in range(0, query.size - LOOKUP_BLOCK + 1, LOOKUP_BLOCK)]
+    size = args.block or query.size
+    blocks = [query[i:i + size] for i in range(0, query.size - size + 1, size)]
     if not blocks:
-        raise SystemExit(f"hints_ab: the query stream has {query.size:,} positions, fewer than one block of {LOOKUP_BLOCK:,}")
+        raise SystemExit(f"hints_ab: the query stream has {query.size:,} positions, fewer than one block of {size:,}")
     for sealed in (True, False):
         idxs = []
         for m in mods:
-            ix = m.HintIndex(m.Geometry.for_tokens(train.size), workers=1).add(train)
+            ix = m.HintIndex(m.Geometry.for_tokens(train.size), workers=args.workers).add(train)
             idxs.append(ix.seal() if sealed else ix)
         times = []
         for r in range(args.rounds + 1):
@@ -212,8 +214,8 @@ def lookup(mods, names, train, query, args):
                 row = timed_lookups(idxs, q, r + b, f"block {b}", args.same)
                 if r:
                     times.append(row)
-        print(f"lookup, {'sealed' if sealed else 'scan (growing index)'}, {len(blocks)} blocks of {LOOKUP_BLOCK:,}, "
-              f"{args.rounds} round(s); identical hints{args.same_note}")
+        print(f"lookup, {'sealed' if sealed else 'scan (growing index)'}, {len(blocks)} block(s) of {size:,}, "
+              f"{args.workers} worker(s), {args.rounds} round(s); identical hints{args.same_note}")
         report(names, np.array(times), "lookup")
         idxs = None
 
@@ -228,7 +230,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="fresh indexes per variant, one after the other")
     p.add_argument("--steps", type=int, default=10, help="record-step: steps a round (as many as the stream has)")
     p.add_argument("--ranks", type=int, default=8, help="record-step: lookups a step, one per rank's slice")
-    p.add_argument("--workers", type=int, default=1, help="build: workers")
+    p.add_argument("--workers", type=int, default=1, help="build and lookup: workers")
+    p.add_argument("--block", type=int, default=LOOKUP_BLOCK,
+                   help="lookup: positions a lookup takes (0: the whole query stream in one lookup)")
     p.add_argument("--partition-bits", type=lambda s: [int(x) for x in s.split(",")], default=[4, 14],
                    help="build: comma-separated partition bits (the table keeps 2^18 buckets of 176 slots)")
     p.add_argument("--new-hash", action="store_true",
@@ -240,6 +244,8 @@ def parse_args(argv=None):
     args.same_note = f" (among the {BASE_COPIES} copies of {args.against}: --new-hash)" if args.new_hash else ""
     if args.rounds < 1 or args.steps < 1 or args.ranks < 1 or args.workers < 1:
         p.error("--rounds, --steps, --ranks and --workers must be at least 1")
+    if args.block < 0:
+        p.error(f"--block {args.block}: expected 0 (the whole query) or a number of positions")
     return args
 
 

@@ -95,3 +95,8 @@ def test_lookup_ab_runs_and_reports_every_variant(capsys):
     out = capsys.readouterr().out
     assert "sealed" in out and "scan" in out and "identical hints" in out
     assert out.count("vs a: median") == 2  # one ratio line per kind of index
+    # the whole query in one lookup, on 2 workers
+    args = hints_ab.parse_args(["--against", "HEAD", "--rounds", "1", "--block", "0", "--workers", "2"])
+    hints_ab.lookup([hints, hints], ["a", "b"], train, query, args)
+    out = capsys.readouterr().out
+    assert f"1 block(s) of {query.size:,}, 2 worker(s)" in out and out.count("vs a: median") == 2
