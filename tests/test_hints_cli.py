@@ -95,7 +95,8 @@ def test_scaling_and_bench(shards, tmp_path):
         assert figs[row]["min"] <= host <= figs[row]["max"], key
         assert shares[key] == pytest.approx(figs[key]["median"] / host), key
     stage1 = np.median([s["stage1"] for s in res["stages"]["2"]])
-    assert shares["build_2w_stage1"] == pytest.approx(res["train_tokens"] / stage1 / figs["build_2w"]["host"]["vector_2w"])
+    host = figs["build_2w"]["host"]["vector_2w"]
+    assert shares["build_2w_stage1"] == pytest.approx(res["train_tokens"] / stage1 / host)
     assert {"build_1w_stage1", "build_many_2w_stage2"} <= set(shares) and "vector_1w" not in shares
     assert set(res["shares_cpu"]) <= set(shares) and "build_1w" in res["shares_cpu"]
     assert res["cpu"]["llvm_target"] and "vector ceiling" in r.stdout and res["cpu"]["model"] in r.stdout

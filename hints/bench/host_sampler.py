@@ -46,9 +46,10 @@ class HostSampler:
         self.table[:] = 0
         self.rng = np.random.default_rng(1)
         self.rows = {f"vector_{w}w": Figure(f"vector ceiling: stage 1's multiplies and shifts, plain loop in cache, "
-                                            f"{w} thread(s), sampled through the run", "pos/s", VECTOR_WORDS * rounds * w, w) for w in self.counts}
-        self.rows["random_writes"] = Figure(f"random 8-byte writes into {self.table.nbytes / 2**30:.1f} GiB, 1 core, sampled through the run",
-                                            "writes/s", writes)
+                                            f"{w} thread(s), sampled through the run", "pos/s",
+                                            VECTOR_WORDS * rounds * w, w) for w in self.counts}
+        self.rows["random_writes"] = Figure(f"random 8-byte writes into {self.table.nbytes / 2**30:.1f} GiB, 1 core, "
+                                            "sampled through the run", "writes/s", writes)
         vector_rounds(*self.bufs[0], 1)  # compile outside any sample
         scatter_words(self.table, self.rng.integers(0, self.table.size, 1000))
 
@@ -70,8 +71,9 @@ class HostSampler:
     def log(self, log):
         """The host rows of the run: medians [min-max] of every sample."""
         for w in self.counts:
-            log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s), {len(self)} samples "
-                f"through the run: {self.rows[f'vector_{w}w'].text(digits=0)}")
+            log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s), "
+                f"{len(self)} samples through the run: {self.rows[f'vector_{w}w'].text(digits=0)}")
         r = self.rows["random_writes"].rates
         log(f"  random 8-byte writes into {self.table.nbytes / 2**30:.1f} GiB, 1 core, new places each sample, "
-            f"{len(self)} samples through the run: {1e9 / np.median(r):.1f} ns per write [{1e9 / r.max():.1f}-{1e9 / r.min():.1f}]")
+            f"{len(self)} samples through the run: {1e9 / np.median(r):.1f} ns per write "
+            f"[{1e9 / r.max():.1f}-{1e9 / r.min():.1f}]")

@@ -85,7 +85,8 @@ def hash_rounds(s, rounds, lengths, pows, partition_bits, bits, shifts, prefix, 
     return acc
 
 
-def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOKENS, rounds=CEILING_ROUNDS, sampler=None):
+def compute_ceiling(tokens, geom, log, workers=2, repeats=REPEATS, n=CEILING_TOKENS, rounds=CEILING_ROUNDS,
+                    sampler=None):
     """Positions hashed per second by 1 thread and by `workers` threads at once, each hashing its
     own cache-resident copy of `tokens[:n]` with stage 1's kernel, alternated (after one untimed
     round). No memory traffic and nothing shared: their ratio is what this machine's cores give a

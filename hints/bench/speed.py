@@ -152,11 +152,12 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for w, f in build.items():
         figs[f"build_{w}w"] = f
     from .fresh import bench_fresh  # here: `python -m hints.bench.fresh` runs that module as a script
-    figs.update(bench_fresh(train, geom, workers, repeats, log, sampler=sampler))  # made + first add, beside the warm build
+    # made + first add, beside the warm build
+    figs.update(bench_fresh(train, geom, workers, repeats, log, sampler=sampler))
     many = dataclasses.replace(geom, partition_bits=MANY_PARTITIONS,
                                bucket_bits=max(1, geom.partition_bits + geom.bucket_bits - MANY_PARTITIONS))
-    build_many, stages_many, _ = bench_build(train, many, workers, repeats, log, label=f" at {many.n_partitions:,} partitions",
-                                             sampler=sampler)
+    build_many, stages_many, _ = bench_build(train, many, workers, repeats, log,
+                                             label=f" at {many.n_partitions:,} partitions", sampler=sampler)
     for w, f in build_many.items():
         figs[f"build_many_{w}w"] = f
     if shards:
