@@ -84,19 +84,23 @@ def test_scaling_and_bench(shards, tmp_path):
         assert fig["repeats"] == 2 and fig["min"] <= fig["median"] <= fig["max"], key
     # the host rows are sampled all through the run: before the first timed round of each group of figures
     # measured in turn and after each timed measurement (8 groups of two figures, and the seal alone)
-    for key in ("vector_1w", "vector_2w", "random_writes"):
+    for key in ("vector_1w", "vector_2w", "random_writes", "random_writes_2w"):
         assert figs[key]["repeats"] == 8 * (1 + 2 * 2) + (1 + 2), key
     # every figure beside its host row from the same run, as the host was while it was measured (the
     # samples of its window): compute against the vector ceiling of as many threads, memory-bound
-    # against the random-write floor or memcpy; the CPU is named with them
+    # against the random-write floor of as many cores or memcpy; the CPU is named with them
     shares = res["shares"]
-    for key, row in (("build_1w", "vector_1w"), ("ceiling_2w", "vector_2w"), ("lookup_sealed_1w", "random_writes")):
+    for key, row in (("build_1w", "vector_1w"), ("ceiling_2w", "vector_2w"), ("lookup_sealed_1w", "random_writes"),
+                     ("lookup_sealed_2w", "random_writes_2w")):
         host = figs[key]["host"][row]
         assert figs[row]["min"] <= host <= figs[row]["max"], key
         assert shares[key] == pytest.approx(figs[key]["median"] / host), key
     stage1 = np.median([s["stage1"] for s in res["stages"]["2"]])
     host = figs["build_2w"]["host"]["vector_2w"]
     assert shares["build_2w_stage1"] == pytest.approx(res["train_tokens"] / stage1 / host)
+    stage2 = np.median([s["stage2"] for s in res["stages"]["2"]])
+    host = figs["build_2w"]["host"]["random_writes_2w"]
+    assert shares["build_2w_stage2"] == pytest.approx(res["train_tokens"] / stage2 / host)
     assert {"build_1w_stage1", "build_many_2w_stage2"} <= set(shares) and "vector_1w" not in shares
     assert set(res["shares_cpu"]) <= set(shares) and "build_1w" in res["shares_cpu"]
     assert res["cpu"]["llvm_target"] and "vector ceiling" in r.stdout and res["cpu"]["model"] in r.stdout

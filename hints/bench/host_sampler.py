@@ -8,13 +8,14 @@ last second fell in: run pairs whose host rows differed 1.4-1.5x broke the 15% a
 their shares. Shares taken repeat by repeat do not help: from one second to the next the host
 rows and the figures move independently (docs/performance.md).
 
-So the sampler measures each host row briefly (the vector ceiling on 1 and on `workers` threads,
-and the random-write floor) before the first timed repeat of a figure and after each of its
+So the sampler measures each host row briefly (the vector ceiling and the random-write floor, each
+on 1 and on `workers` threads at once) before the first timed repeat of a figure and after each of its
 repeats (hints.bench.figures.alternate). A figure's host is the median of the samples of its own
 window; the host rows the bench reports are the medians of every sample of the run.
 """
 import numpy as np
 
+from ..index import human_bytes
 from ..parallel import alloc, line_aligned, run_split
 from .figures import Figure, timed
 from .limits import VECTOR_WORDS, scatter_words, vector_rounds
@@ -48,8 +49,10 @@ class HostSampler:
         self.rows = {f"vector_{w}w": Figure(f"vector ceiling: stage 1's multiplies and shifts, plain loop in cache, "
                                             f"{w} thread(s), sampled through the run", "pos/s",
                                             VECTOR_WORDS * rounds * w, w) for w in self.counts}
-        self.rows["random_writes"] = Figure(f"random 8-byte writes into {self.table.nbytes / 2**30:.1f} GiB, 1 core, "
-                                            "sampled through the run", "writes/s", writes)
+        for w in self.counts:  # the 1-core row keeps its name, "random_writes"
+            self.rows["random_writes" + ("" if w == 1 else f"_{w}w")] = Figure(
+                f"random 8-byte writes into {human_bytes(self.table.nbytes)}, {w} core(s) at once, sampled through "
+                f"the run", "writes/s", writes * w, w)
         vector_rounds(*self.bufs[0], 1)  # compile outside any sample
         scatter_words(self.table, self.rng.integers(0, self.table.size, 1000))
 
@@ -61,8 +64,10 @@ class HostSampler:
         for w in self.counts:
             self.rows[f"vector_{w}w"].add(*timed(lambda: run_split(
                 lambda r, a, b: vector_rounds(*self.bufs[r], self.rounds), w, w))[:2])
-        where = self.rng.integers(0, self.table.size, self.writes)
-        self.rows["random_writes"].add(*timed(lambda: scatter_words(self.table, where))[:2])
+        for w in self.counts:
+            where = [self.rng.integers(0, self.table.size, self.writes) for _ in range(w)]
+            self.rows["random_writes" + ("" if w == 1 else f"_{w}w")].add(*timed(lambda: run_split(
+                lambda r, a, b: scatter_words(self.table, where[r]), w, w))[:2])
 
     def window(self, start, stop=None):
         """{row: median rate} over samples start..stop-1 (stop None: to the last)."""
@@ -73,7 +78,8 @@ class HostSampler:
         for w in self.counts:
             log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s), "
                 f"{len(self)} samples through the run: {self.rows[f'vector_{w}w'].text(digits=0)}")
-        r = self.rows["random_writes"].rates
-        log(f"  random 8-byte writes into {self.table.nbytes / 2**30:.1f} GiB, 1 core, new places each sample, "
-            f"{len(self)} samples through the run: {1e9 / np.median(r):.1f} ns per write "
-            f"[{1e9 / r.max():.1f}-{1e9 / r.min():.1f}]")
+        for w in self.counts:
+            r = self.rows["random_writes" + ("" if w == 1 else f"_{w}w")].rates / w
+            log(f"  random 8-byte writes into {human_bytes(self.table.nbytes)}, {w} core(s) at once, new places "
+                f"each sample, {len(self)} samples through the run: {1e9 / np.median(r):.1f} ns per write a core "
+                f"[{1e9 / r.max():.1f}-{1e9 / r.min():.1f}]")

@@ -13,17 +13,22 @@ REPRO_SCALING = 0.9
 
 
 # Each figure's host row (measured in the same run): compute-bound figures against the vector ceiling
-# of as many threads, memory-bound ones against memcpy or against the random-write floor (1 core; a
-# figure of w workers is taken per worker there). None: the figure is a host row itself.
+# of as many threads, memory-bound ones against memcpy (1 core; a figure of w cores is taken per core
+# there) or against the random-write floor of as many cores at once. None: the figure is a host row.
 def host_row(key, workers):
-    if key in ("latency", "random_writes") or key.startswith("vector_") or key == "memcpy_1w":
+    if key == "latency" or key.startswith(("vector_", "random_writes")) or key == "memcpy_1w":
         return None
     if key.startswith("memcpy_"):
         return "memcpy_1w"
     if key.startswith("lookup_"):
-        return "random_writes"
+        return random_writes_row(int(key.rsplit("_", 1)[1][:-1]))
     w = workers if key == "seal" else (int(key.rsplit("_", 1)[1][:-1]) if key.endswith("w") else 1)
     return f"vector_{w}w"
+
+
+def random_writes_row(w):
+    """The random-write floor of w cores at once (hints.bench.host_sampler)."""
+    return "random_writes" if w == 1 else f"random_writes_{w}w"
 
 
 def host_of(res, f, row):
@@ -36,20 +41,21 @@ def host_of(res, f, row):
 def host_shares(res):
     """{figure: share of its host row} from one run's medians (rates per second), each against the
     host rows of its own window (host_of), and per stage: each build's stage 1 against the vector
-    ceiling, stage 2 against the random-write floor; the record step's lookup and stage 2 against
-    its own floor (random writes into its table), its stage 1 against the vector ceiling."""
+    ceiling, stage 2 against the random-write floor, each of as many threads as the build's
+    workers; the record step's lookup and stage 2 against its own floor (random writes into its
+    table, 1 core), its stage 1 against the vector ceiling."""
     figs, workers = res["figures"], res["workers"]
     shares = {}
     for key, f in figs.items():
         row = host_row(key, workers)
         if row is None or row not in figs:
             continue
-        per = f["workers"] if (row in ("random_writes", "memcpy_1w")) else 1
+        per = f["workers"] if row == "memcpy_1w" else 1
         shares[key] = f["median"] / per / host_of(res, f, row)
     n = res["train_tokens"]
     for label, stages in (("build", res["stages"]), ("build_many", res["stages_many"])):
         for w, st in stages.items():
-            for stage, row, per in (("stage1", f"vector_{w}w", 1), ("stage2", "random_writes", int(w))):
+            for stage, row, per in (("stage1", f"vector_{w}w", 1), ("stage2", random_writes_row(int(w)), 1)):
                 if row in figs:
                     host = host_of(res, figs[f"{label}_{w}w"], row)
                     shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / per / host
@@ -86,7 +92,7 @@ def reproducibility(res, previous=None):
     vec = ratios.get(f"vector_{res['workers']}w_vs_1w")
     if vec:
         scaling = {k[:-len("_vs_1w")]: ratios[k] / vec for k in ratios
-                   if k.endswith("_vs_1w") and not k.startswith(("vector", "memcpy", "lookup"))}
+                   if k.endswith("_vs_1w") and not k.startswith(("vector", "memcpy", "lookup", "random_writes"))}
         out["scaling_vs_vector"] = scaling
         out["scaling_met"] = bool(scaling) and all(v >= REPRO_SCALING for v in scaling.values())
     if previous is not None:
@@ -116,7 +122,7 @@ def share_text(res, key):
     if key.startswith("memcpy"):
         row = "memcpy, 1 core (per core)"
     elif key.startswith(("lookup", "record_lookup")) or key.endswith("stage2"):
-        row = "random writes" + ("" if "_1w" in key or key.startswith("record") else " (per worker)")
+        row = "random writes" + ("" if "_1w" in key or key.startswith("record") else " of as many cores at once")
     else:
         row = "vector ceiling"
     cpu = res.get("shares_cpu", {}).get(key)
