@@ -1,5 +1,6 @@
 """Measurement: the index's speed against the plain-Python reference and the machine's limits
-(speed.py, limits.py, shares.py; a fresh index's first add, fresh.py), the record's shape
+(speed.py, limits.py, shares.py, the host rows sampled through a run in host_sampler.py; a fresh
+index's first add, fresh.py), the record's shape
 (record.py), the exact count's and the positional index's benchmarks, hint coverage and
 accuracy (stats.py), and how they grow with the hint corpus (scaling.py, report.py). The
 `python -m hints bench|stats|scaling|...` commands.
