@@ -69,9 +69,9 @@ def alternate(figs, measure, repeats, sampler=None):
     extras = {k: [] for k in figs}
     start = len(sampler) if sampler is not None else 0
     for rep in range(repeats + 1):
+        if rep == 1 and sampler is not None:
+            sampler.sample()
         for k, fig in figs.items():
-            if rep == 1 and sampler is not None and k == next(iter(figs)):
-                sampler.sample()
             wall, cpu, extra = measure(k)
             if rep:
                 fig.add(wall, cpu)

@@ -16,9 +16,9 @@ window; the host rows the bench reports are the medians of every sample of the r
 import numpy as np
 
 from ..index import human_bytes
-from ..parallel import alloc, line_aligned, run_split
+from ..parallel import line_aligned, run_split
 from .figures import Figure, timed
-from .limits import VECTOR_WORDS, scatter_words, vector_rounds
+from .limits import VECTOR_WORDS, scatter_words, vector_rounds, write_table
 from .record import RECORD_ADD
 
 # A sample of the vector ceiling: VECTOR_WORDS positions SAMPLE_ROUNDS times a thread, ~40 ms at the
@@ -26,6 +26,11 @@ from .record import RECORD_ADD
 # start is a small share of it: at 2,000 rounds (~8 ms) 2 threads / 1 read 1.87-1.88x, against
 # 1.94-1.96x at 20,000 rounds, in one process on that host.
 SAMPLE_ROUNDS = 12_000
+
+
+def random_writes_row(w):
+    """The name of the random-write floor of w cores at once (the 1-core row's is "random_writes")."""
+    return "random_writes" if w == 1 else f"random_writes_{w}w"
 
 
 class HostSampler:
@@ -43,21 +48,19 @@ class HostSampler:
             src = line_aligned((VECTOR_WORDS,), np.uint64)
             src[:] = rng.integers(0, 1 << 16, VECTOR_WORDS, dtype=np.uint64)
             self.bufs.append((src, line_aligned((VECTOR_WORDS,), np.uint64)))
-        self.table = alloc((max(1, table_bytes // 8),), np.uint64)
-        self.table[:] = 0
         self.rng = np.random.default_rng(1)
+        self.table = write_table(table_bytes // 8, self.rng)
         self.rows = {f"vector_{w}w": Figure(f"vector ceiling: stage 1's multiplies and shifts, plain loop in cache, "
                                             f"{w} thread(s), sampled through the run", "pos/s",
                                             VECTOR_WORDS * rounds * w, w) for w in self.counts}
-        for w in self.counts:  # the 1-core row keeps its name, "random_writes"
-            self.rows["random_writes" + ("" if w == 1 else f"_{w}w")] = Figure(
+        for w in self.counts:
+            self.rows[random_writes_row(w)] = Figure(
                 f"random 8-byte writes into {human_bytes(self.table.nbytes)}, {w} core(s) at once, sampled through "
                 f"the run", "writes/s", writes * w, w)
         vector_rounds(*self.bufs[0], 1)  # compile outside any sample
-        scatter_words(self.table, self.rng.integers(0, self.table.size, 1000))
 
     def __len__(self):
-        return len(self.rows["random_writes"].wall)
+        return len(self.rows[random_writes_row(1)].wall)
 
     def sample(self):
         """One sample of every row, appended to its Figure."""
@@ -66,7 +69,7 @@ class HostSampler:
                 lambda r, a, b: vector_rounds(*self.bufs[r], self.rounds), w, w))[:2])
         for w in self.counts:
             where = [self.rng.integers(0, self.table.size, self.writes) for _ in range(w)]
-            self.rows["random_writes" + ("" if w == 1 else f"_{w}w")].add(*timed(lambda: run_split(
+            self.rows[random_writes_row(w)].add(*timed(lambda: run_split(
                 lambda r, a, b: scatter_words(self.table, where[r]), w, w))[:2])
 
     def window(self, start, stop=None):
@@ -79,7 +82,7 @@ class HostSampler:
             log(f"  vector ceiling (stage 1's multiplies and shifts in a plain loop), {w} thread(s), "
                 f"{len(self)} samples through the run: {self.rows[f'vector_{w}w'].text(digits=0)}")
         for w in self.counts:
-            r = self.rows["random_writes" + ("" if w == 1 else f"_{w}w")].rates / w
+            r = self.rows[random_writes_row(w)].rates / w
             log(f"  random 8-byte writes into {human_bytes(self.table.nbytes)}, {w} core(s) at once, new places "
                 f"each sample, {len(self)} samples through the run: {1e9 / np.median(r):.1f} ns per write a core "
                 f"[{1e9 / r.max():.1f}-{1e9 / r.min():.1f}]")

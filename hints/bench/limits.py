@@ -49,6 +49,16 @@ def scatter_words(table, where):
         table[where[i]] = U64(i)
 
 
+def write_table(n_words, rng):
+    """A table of n_words for the random-write floor (scatter_words), apart from any index's: asked
+    for huge pages (as an index's table), faulted in, and with scatter_words compiled (1,000
+    writes to places drawn from rng)."""
+    table = alloc((max(1, n_words),), np.uint64)
+    table[:] = 0
+    scatter_words(table, rng.integers(0, table.size, 1000))
+    return table
+
+
 def memcpy_bandwidth(log, workers=2, nbytes=256 * MIB, repeats=REPEATS):
     """Copy bandwidth (bytes read + written per second) of 1 core and of `workers` cores at once,
     each copying its own buffers, alternated: their ratio is the most any memory-bound step

@@ -5,9 +5,8 @@ tokens on 48 threads (`projection` sets this host's rates against it).
 import numpy as np
 
 from ..index import Geometry, HintIndex
-from ..parallel import alloc
 from .figures import Figure, timed
-from .limits import scatter_words
+from .limits import scatter_words, write_table
 
 # The record's training-time hint work per step and rank (docs/design.md, "Performance"): look up
 # the rank's 32,768 positions, add the 262,144-token global batch, into an index sized for the
@@ -62,10 +61,8 @@ def bench_record_step(stream, repeats, log, lengths=(6, 10, 20), threads=RECORD_
                     add=Figure(f"record step: add of {RECORD_ADD:,}", "tok/s", RECORD_ADD, w)) for w in counts}
     for w in counts:
         idx[w].add(stream[:prefill])
-    table = alloc((geom.n_partitions * geom.n_buckets * geom.slots,), np.uint64)
-    table[:] = 0  # fault it in now
     rng = np.random.default_rng(0)
-    scatter_words(table, rng.integers(0, table.size, 1000))
+    table = write_table(geom.n_slots, rng)
     floor = Figure(f"random 8-byte writes into {table.nbytes / 2**30:.1f} GiB, 1 core", "writes/s", RECORD_ADD)
     stages, dropped = [], []
     pos = prefill

@@ -4,6 +4,7 @@ reproducibility criterion of docs/performance.md that `python -m hints bench --c
 """
 import numpy as np
 
+from .host_sampler import random_writes_row
 from .record import RECORD_ADD, RECORD_LOOKUP
 
 # Reproducibility (docs/performance.md): two consecutive runs agree within REPRO_TOLERANCE on every figure as a
@@ -24,11 +25,6 @@ def host_row(key, workers):
         return random_writes_row(int(key.rsplit("_", 1)[1][:-1]))
     w = workers if key == "seal" else (int(key.rsplit("_", 1)[1][:-1]) if key.endswith("w") else 1)
     return f"vector_{w}w"
-
-
-def random_writes_row(w):
-    """The random-write floor of w cores at once (hints.bench.host_sampler)."""
-    return "random_writes" if w == 1 else f"random_writes_{w}w"
 
 
 def host_of(res, f, row):
