@@ -148,3 +148,30 @@ def test_record_step_bench_reports_drops():
         threaded = rec["threads"][RECORD_THREADS]["step"]
         assert len(threaded.wall) == 1 and threaded.workers == RECORD_THREADS
         assert lines[-1].startswith(f"  record step, {RECORD_THREADS} threads:") and "ms of CPU" in lines[-1]
+
+
+def test_alternate_warms_each_timed_measurement_after_the_sample():
+    """alternate() with a sampler: the host rows are sampled before the first timed round and after
+    each timed measurement, and a figure given `warm` runs it, untimed, right before each timed
+    measure, so that it is timed from its own state (a lookup's index in cache), not the sampler's."""
+    from hints.bench.figures import Figure, alternate
+    from hints.bench.host_sampler import HostSampler
+
+    class Log(HostSampler):
+        def sample(self):
+            events.append("sample")
+            super().sample()
+
+    events = []
+    sampler = Log(1, 1 << 16, rounds=10, writes=100)
+    figs = {k: Figure(k, "x/s", 1) for k in ("a", "b")}
+
+    def measure(k):
+        events.append(f"measure {k}")
+        return 1.0, 1.0, None
+
+    alternate(figs, measure, 2, sampler, warm=lambda k: events.append(f"warm {k}"))
+    untimed = ["measure a", "measure b"]
+    timed_round = ["warm a", "measure a", "sample", "warm b", "measure b", "sample"]
+    assert events == untimed + ["sample"] + timed_round * 2
+    assert all(len(f.wall) == 2 for f in figs.values()) and len(sampler) == 5

@@ -59,19 +59,27 @@ class Figure:
                 f"{self.cores_used:.2f} cores used")
 
 
-def alternate(figs, measure, repeats, sampler=None):
+def alternate(figs, measure, repeats, sampler=None, warm=None):
     """Measure each of `figs` `repeats` times, alternating between them, after one untimed round:
     measure(key) -> (wall, cpu, extra); returns each key's extras. Without that round, in eight
     runs of this bench, the first of five repeats was the slowest in 21 of the 48 build figures
     (one in five by chance), at up to 1.68x the median. With a `sampler`
     (hints.bench.host_sampler.HostSampler), the host rows are sampled before the first timed
-    round and after every timed measurement, and each figure's `host` is their medians."""
+    round and after every timed measurement, and each figure's `host` is their medians.
+
+    A sample's random writes push what a figure had in cache out of it, so a figure that reads
+    the same memory again and again (a lookup of one index) would be timed from the sampler's
+    state, not its own: `warm(key)`, untimed, runs right before each timed measure(key). Timed
+    right after a sample, the sealed lookup of the prose split (a 44 MiB index, in this host's
+    L3 when warm) ran 6.1-8.4M positions a second, against 9.8-9.9M after a lookup."""
     extras = {k: [] for k in figs}
     start = len(sampler) if sampler is not None else 0
     for rep in range(repeats + 1):
         if rep == 1 and sampler is not None:
             sampler.sample()
         for k, fig in figs.items():
+            if rep and warm is not None:
+                warm(k)
             wall, cpu, extra = measure(k)
             if rep:
                 fig.add(wall, cpu)

@@ -109,7 +109,11 @@ def bench_lookup(idx, query, workers, repeats, label, log, sampler=None):
         idx.workers = w
         return timed(lambda: idx.lookup(query))[:2] + (None,)
 
-    alternate(figs, look, repeats, sampler)
+    def warm(w):  # the state of repeated lookups, not the one the host sampler leaves (alternate)
+        idx.workers = w
+        idx.lookup(query)
+
+    alternate(figs, look, repeats, sampler, warm=warm)
     for w, f in figs.items():
         log(f"  lookup {label}, {w} worker(s): {f.text(digits=2)} ({f.median / w / 1e6:.2f}M per core)")
     return figs
