@@ -319,7 +319,8 @@ def test_the_design_is_cited_inside_the_repo():
 COMMANDS = [["train_gpt.py"], ["-m", "hints"], ["-m", "hints", "build"], ["-m", "train.plan"], ["-m", "train.placement"],
             ["-m", "data.manifest"], ["-m", "data.local_corpus"], ["-m", "data.fineweb"], ["-m", "data.cached_fineweb10B"],
             ["-m", "data.canonical_mask"],
-            ["scripts/ablate.py"], ["scripts/compare.py"], ["scripts/cpu_ab.py"], ["scripts/hints_ab.py"]]
+            ["scripts/ablate.py"], ["scripts/compare.py"], ["scripts/cpu_ab.py"], ["scripts/hints_ab.py"],
+            ["scripts/lookup_state.py"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
