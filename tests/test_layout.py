@@ -320,7 +320,7 @@ COMMANDS = [["train_gpt.py"], ["-m", "hints"], ["-m", "hints", "build"], ["-m", 
             ["-m", "data.manifest"], ["-m", "data.local_corpus"], ["-m", "data.fineweb"], ["-m", "data.cached_fineweb10B"],
             ["-m", "data.canonical_mask"],
             ["scripts/ablate.py"], ["scripts/compare.py"], ["scripts/cpu_ab.py"], ["scripts/hints_ab.py"],
-            ["scripts/lookup_state.py"]]
+            ["scripts/lookup_state.py"], ["scripts/scatter_ab.py"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
