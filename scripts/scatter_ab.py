@@ -15,6 +15,9 @@ random partitions and slots, outside the index, in these variants:
             small queue whose end moves on only when the line is full, and every --chunk slots
             the queued lines are streamed out (no branch on the data per slot)
   prefetch  branch, with the line --ahead slots on prefetched for writing
+  plain     branch, with the full line copied out by plain stores (read for ownership first)
+  wide      bursts of 32 slots (four lines; 4 MiB at 2^14 partitions), streamed out whole on
+            the 32nd: a quarter of the branches, the same non-temporal lines
   floor     the slot stored into its line and the fill moved on, nothing streamed out: the
             random stores into the lines alone, under every variant
 
@@ -41,7 +44,8 @@ U64 = np.uint64
 LINE = 8              # slots a burst line: one 64-byte cache line, as stage 1's at 2^14 partitions
 BLOCK = 512           # slots a staging block (hints.index.build's STAGE_BLOCK)
 BLOCKS_A_PARTITION = 4  # blocks each partition cycles through (the staging area of a run, kept small)
-VARIANTS = ("branch", "insert", "queue", "prefetch", "floor")
+WIDE = 32             # slots a burst of the `wide` variant: four lines, as stage 1's bursts with few partitions
+VARIANTS = ("branch", "insert", "queue", "prefetch", "plain", "wide", "floor")
 
 
 def _volatile(store):
@@ -101,18 +105,33 @@ def prefetch_write(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
-@numba.njit(cache=True, inline="always")
-def stream_out(arena, tail, part, src, row):
-    """Stream src[row] to partition part's next line of staging (its blocks in turn)."""
+# The kernels here compile on each run (~1 s) rather than into Numba's cache: an entry cached while
+# the tests load this file as a module of no importable name could not be loaded by the script.
+@numba.njit(cache=False, inline="always")
+def stream_out(arena, tail, part, src, row, col=0):
+    """Stream src[row, col:col+8] to partition part's next line of staging (its blocks in turn)."""
     o = tail[part]
-    stream_line(arena, part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION, o % BLOCK, src, row, 0)
+    stream_line(arena, part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION, o % BLOCK, src, row, col)
     tail[part] = o + LINE
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=False, nogil=True)
 def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk, ahead):
     """Append slots[i] to partition parts[i]'s line, the variant's way (VARIANTS, by index)."""
     n_slots = parts.shape[0]
+    if variant == 5:  # wide
+        for i in range(n_slots):
+            part = parts[i]
+            f = np.int64(fill[part])
+            lines[part, f] = slots[i]
+            if f == WIDE - 1:
+                for x in range(0, WIDE, LINE):
+                    stream_out(arena, tail, part, lines, part, x)
+            fill[part] = (f + 1) % WIDE
+        for part in range(fill.shape[0]):  # the whole lines of the last bursts, so the bytes match the others'
+            for x in range(0, np.int64(fill[part]) // LINE * LINE, LINE):
+                stream_out(arena, tail, part, lines, part, x)
+        return
     if variant == 2:  # queue
         for c0 in range(0, n_slots, chunk):
             n = 0
@@ -129,7 +148,7 @@ def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk
     for i in range(n_slots):
         part = parts[i]
         f = fill[part]
-        if variant == 4:  # floor
+        if variant == 6:  # floor
             lines[part, f] = slots[i]
             fill[part] = (f + 1) & (LINE - 1)
             continue
@@ -139,14 +158,20 @@ def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk
             insert_slot(lines, part, f, slots[i])
         else:
             lines[part, f] = slots[i]
-        if f == LINE - 1:
+        if f == LINE - 1 and variant == 4:  # plain
+            o = tail[part]
+            blk = part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION
+            for x in range(LINE):
+                arena[blk, o % BLOCK + x] = lines[part, x]
+            tail[part] = o + LINE
+        elif f == LINE - 1:
             stream_out(arena, tail, part, lines, part)
         fill[part] = (f + 1) & (LINE - 1)
 
 
 def run(variant, parts, slots, n_partitions, chunk, ahead):
     """(seconds, staging blocks) of one scatter of every slot, from empty lines."""
-    lines = line_aligned((n_partitions, LINE), np.uint64)
+    lines = line_aligned((n_partitions, WIDE if variant == "wide" else LINE), np.uint64)
     lines[:] = 0
     arena = line_aligned((n_partitions * BLOCKS_A_PARTITION, BLOCK), np.uint64)
     arena[:] = 0
