@@ -426,6 +426,12 @@ def lookup_sorted(t0, t1, q, table, summary, side_off, side, lengths, pows, part
                 prev, prev_key, prev_part = i, g_key[g], part
                 if first == K or first > prev_deepest:  # nothing left to search
                     continue
+                if first == 0 and g_n1[g] == 0 and g_n2[g] == 0:
+                    # no slot line can hold the shortest n-gram (a clear filter bit, most often): every
+                    # length is absent, and nothing is searched (64% of the prose split's positions;
+                    # the lookup took 0.947-0.960x the time there, 1.007x on Python source)
+                    prev_deepest = 0
+                    continue
                 j = tp + 1
                 valid = query_keys(g_key[g], j, lengths, sh, qk)
                 row1 = table[part, b1]
