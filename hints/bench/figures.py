@@ -70,8 +70,10 @@ def alternate(figs, measure, repeats, sampler=None, warm=None):
     A sample's random writes push what a figure had in cache out of it, so a figure that reads
     the same memory again and again (a lookup of one index) would be timed from the sampler's
     state, not its own: `warm(key)`, untimed, runs right before each timed measure(key). Timed
-    right after a sample, the sealed lookup of the prose split (a 44 MiB index, in this host's
-    L3 when warm) ran 6.1-8.4M positions a second, against 9.8-9.9M after a lookup."""
+    right after a sample, the sealed lookup of the prose split (a 44 MiB index) ran 5.98-6.19M
+    positions a second on 1 worker against 6.69-6.96M right after a lookup, and 10.8M against
+    12.1-12.6M on 2 (scripts/lookup_state.py --mode after-sample --repeats 11, at a slow moment
+    of the Intel Xeon of 2026-12-07)."""
     extras = {k: [] for k in figs}
     start = len(sampler) if sampler is not None else 0
     for rep in range(repeats + 1):
