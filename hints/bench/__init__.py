@@ -16,7 +16,7 @@ from .shares import reproducibility
 from .speed import format_table, run_bench
 from .stats import format_stats, hint_stats
 
-__all__ = ["format_exact_table", "run_exact_bench", "HostSampler", "run_positional_bench", "RECORD_ADD", "RECORD_INDEX_TOKENS",
-           "RECORD_LOOKUP", "RECORD_PREFILL", "RECORD_THREADS", "bench_record_step", "markdown_table", "write_report",
-           "RECORD_LADDER_START", "ladder_sizes", "run_ladder", "run_scaling", "reproducibility", "format_table",
-           "run_bench", "format_stats", "hint_stats"]
+__all__ = ["format_exact_table", "run_exact_bench", "HostSampler", "run_positional_bench", "RECORD_ADD",
+           "RECORD_INDEX_TOKENS", "RECORD_LOOKUP", "RECORD_PREFILL", "RECORD_THREADS", "bench_record_step",
+           "markdown_table", "write_report", "RECORD_LADDER_START", "ladder_sizes", "run_ladder", "run_scaling",
+           "reproducibility", "format_table", "run_bench", "format_stats", "hint_stats"]
