@@ -44,8 +44,9 @@ U64 = np.uint64
 LINE = 8              # slots a burst line: one 64-byte cache line, as stage 1's at 2^14 partitions
 BLOCK = 512           # slots a staging block (hints.index.build's STAGE_BLOCK)
 BLOCKS_A_PARTITION = 4  # blocks each partition cycles through (the staging area of a run, kept small)
-WIDE = 32             # slots a burst of the `wide` variant: four lines, as stage 1's bursts with few partitions
+WIDE_SLOTS = 32       # slots a burst of the `wide` variant: four lines, as stage 1's bursts with few partitions
 VARIANTS = ("branch", "insert", "queue", "prefetch", "plain", "wide", "floor")
+BRANCH, INSERT, QUEUE, PREFETCH, PLAIN, WIDE, FLOOR = range(len(VARIANTS))  # scatter()'s variant ids
 
 
 def _volatile(store):
@@ -108,31 +109,38 @@ def prefetch_write(typingctx, arr, i):
 # The kernels here compile on each run (~1 s) rather than into Numba's cache: an entry cached while
 # the tests load this file as a module of no importable name could not be loaded by the script.
 @numba.njit(cache=False, inline="always")
-def stream_out(arena, tail, part, src, row, col=0):
-    """Stream src[row, col:col+8] to partition part's next line of staging (its blocks in turn)."""
+def next_line(tail, part):
+    """(block, offset) of partition part's next line of staging (its blocks in turn), taken."""
     o = tail[part]
-    stream_line(arena, part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION, o % BLOCK, src, row, col)
     tail[part] = o + LINE
+    return part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION, o % BLOCK
+
+
+@numba.njit(cache=False, inline="always")
+def stream_out(arena, tail, part, src, row, col=0):
+    """Stream src[row, col:col+8] to partition part's next line of staging."""
+    blk, o = next_line(tail, part)
+    stream_line(arena, blk, o, src, row, col)
 
 
 @numba.njit(cache=False, nogil=True)
 def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk, ahead):
     """Append slots[i] to partition parts[i]'s line, the variant's way (VARIANTS, by index)."""
     n_slots = parts.shape[0]
-    if variant == 5:  # wide
+    if variant == WIDE:
         for i in range(n_slots):
             part = parts[i]
             f = np.int64(fill[part])
             lines[part, f] = slots[i]
-            if f == WIDE - 1:
-                for x in range(0, WIDE, LINE):
+            if f == WIDE_SLOTS - 1:
+                for x in range(0, WIDE_SLOTS, LINE):
                     stream_out(arena, tail, part, lines, part, x)
-            fill[part] = (f + 1) % WIDE
+            fill[part] = (f + 1) % WIDE_SLOTS
         for part in range(fill.shape[0]):  # the whole lines of the last bursts, so the bytes match the others'
             for x in range(0, np.int64(fill[part]) // LINE * LINE, LINE):
                 stream_out(arena, tail, part, lines, part, x)
         return
-    if variant == 2:  # queue
+    if variant == QUEUE:
         for c0 in range(0, n_slots, chunk):
             n = 0
             for i in range(c0, min(c0 + chunk, n_slots)):
@@ -148,22 +156,20 @@ def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk
     for i in range(n_slots):
         part = parts[i]
         f = fill[part]
-        if variant == 6:  # floor
+        if variant == FLOOR:
             lines[part, f] = slots[i]
             fill[part] = (f + 1) & (LINE - 1)
             continue
-        if variant == 3 and i + ahead < n_slots:  # prefetch
+        if variant == PREFETCH and i + ahead < n_slots:
             prefetch_write(lines, parts[i + ahead])
-        if variant == 1:  # insert
+        if variant == INSERT:
             insert_slot(lines, part, f, slots[i])
         else:
             lines[part, f] = slots[i]
-        if f == LINE - 1 and variant == 4:  # plain
-            o = tail[part]
-            blk = part * BLOCKS_A_PARTITION + (o // BLOCK) % BLOCKS_A_PARTITION
+        if f == LINE - 1 and variant == PLAIN:
+            blk, o = next_line(tail, part)
             for x in range(LINE):
-                arena[blk, o % BLOCK + x] = lines[part, x]
-            tail[part] = o + LINE
+                arena[blk, o + x] = lines[part, x]
         elif f == LINE - 1:
             stream_out(arena, tail, part, lines, part)
         fill[part] = (f + 1) & (LINE - 1)
@@ -171,7 +177,7 @@ def scatter(variant, parts, slots, lines, fill, arena, tail, queue, qpart, chunk
 
 def run(variant, parts, slots, n_partitions, chunk, ahead):
     """(seconds, staging blocks) of one scatter of every slot, from empty lines."""
-    lines = line_aligned((n_partitions, WIDE if variant == "wide" else LINE), np.uint64)
+    lines = line_aligned((n_partitions, WIDE_SLOTS if variant == "wide" else LINE), np.uint64)
     lines[:] = 0
     arena = line_aligned((n_partitions * BLOCKS_A_PARTITION, BLOCK), np.uint64)
     arena[:] = 0

@@ -51,10 +51,10 @@ def host_shares(res):
     n = res["train_tokens"]
     for label, stages in (("build", res["stages"]), ("build_many", res["stages_many"])):
         for w, st in stages.items():
-            for stage, row, per in (("stage1", f"vector_{w}w", 1), ("stage2", random_writes_row(int(w)), 1)):
+            for stage, row in (("stage1", f"vector_{w}w"), ("stage2", random_writes_row(int(w)))):
                 if row in figs:
                     host = host_of(res, figs[f"{label}_{w}w"], row)
-                    shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / per / host
+                    shares[f"{label}_{w}w_{stage}"] = n / float(np.median([x[stage] for x in st])) / host
     if "record_step" in res:  # against its own floor: random writes into the record-shape table
         r = res["record_step"]
         vec = host_of(res, r, "vector_1w")

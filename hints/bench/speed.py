@@ -40,7 +40,7 @@ from ..index import Geometry, HintIndex, ReferenceIndex
 from ..index.sealed import summary_words
 from ..tokens import iter_chunks
 from .figures import MIB, REPEATS, Figure, alternate, timed
-from .host_sampler import HostSampler
+from .host_sampler import HostSampler, random_writes_row
 from .limits import compute_ceiling, cpu_info, cpu_text, memcpy_bandwidth, memory_latency
 from .peak_memory import measure_memory
 from .record import RECORD_ADD, bench_record_step, projection
@@ -221,7 +221,7 @@ def run_bench(train, query, geom=None, workers=2, repeats=REPEATS, ref_tokens=20
     for key in ("build", "fresh", "build_many", "shards", "lookup_sealed", "memcpy", "ceiling", "vector",
                 "random_writes"):
         if f"{key}_{workers}w" in figs and workers > 1:
-            one = figs[f"{key}_1w"] if f"{key}_1w" in figs else figs[key]  # the 1-core floor is "random_writes"
+            one = figs[random_writes_row(1) if key == "random_writes" else f"{key}_1w"]
             runs = np.array(figs[f"{key}_{workers}w"].rates) / np.array(one.rates)
             ratios[f"{key}_{workers}w_vs_1w"] = float(np.median(runs))
             ratios[f"{key}_{workers}w_vs_1w_min"] = float(runs.min())
