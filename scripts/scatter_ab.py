@@ -42,7 +42,7 @@ from hints.parallel import line_aligned
 
 U64 = np.uint64
 LINE = 8              # slots a burst line: one 64-byte cache line, as stage 1's at 2^14 partitions
-BLOCK = 512           # slots a staging block (hints.index.build's STAGE_BLOCK)
+BLOCK = 512           # slots a staging block (hints.index.sizing's STAGE_BLOCK)
 BLOCKS_A_PARTITION = 4  # blocks each partition cycles through (the staging area of a run, kept small)
 WIDE_SLOTS = 32       # slots a burst of the `wide` variant: four lines, as stage 1's bursts with few partitions
 VARIANTS = ("branch", "insert", "queue", "prefetch", "plain", "wide", "floor")
@@ -219,7 +219,9 @@ def main(argv=None):
     p.add_argument("--partitions", default="16,16384", help="comma-separated partition counts")
     p.add_argument("--slots", type=int, default=8_000_000, help="slots scattered a round")
     p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--chunk", type=int, default=64, help="queue: slots between the streams of the queued lines")
+    p.add_argument("--chunk", type=int, default=64,
+                   help="queue: slots between the streams of the queued lines (64: the record's builder, "
+                        "CHUNK in exact_match/src/slot.rs)")
     p.add_argument("--ahead", type=int, default=16, help="prefetch: slots ahead")
     args = p.parse_args(argv)
     try:
