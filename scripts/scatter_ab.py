@@ -1,4 +1,4 @@
-"""Stage 1's scatter alone, five ways, on this host: what the append of a slot to its partition's
+"""Stage 1's scatter alone, seven ways, on this host: what the append of a slot to its partition's
 burst line costs, and what the record's branch-free queue or a prefetch would change.
 
 Stage 1 (hints.index.build.stage1_worker) appends each hashed slot to its partition's burst line
